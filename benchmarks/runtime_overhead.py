@@ -1,0 +1,128 @@
+"""Overhead of the actor runtime over a plain loop, and the gate's decision cost.
+
+Run: ``python benchmarks/runtime_overhead.py [--rounds N]``. In one process, side by side
+and interleaved round by round, on asyncio and trio:
+
+(a) steps per second of ``run_scenario`` (three actors, memory streams, one cancel scope,
+    events filtered at WARNING as the CLI's default) versus a plain loop calling the same
+    agent, gate and executor directly; with a no-op executor and with the local executor
+    running ``true``. Ratio = runtime / plain (1.0 means no overhead).
+(b) the gate's decision cost per step (median and p99), over a mix of steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+from collections.abc import Callable
+
+import anyio
+import structlog
+
+from cmbs_async import CallableAgent, Gate, ScenarioSpec, Turn, load_profile, run_scenario
+from executors import LocalExecutor, NullExecutor
+
+STEP = json.dumps(
+    {
+        "belief": {"affordances": {}, "posture": "unknown", "evidence": "none"},
+        "action": {"type": "check_status", "payload": {"command": "true"}},
+    }
+)
+PROFILE = load_profile("ciso")
+
+
+async def _agent(turn: Turn) -> str:
+    return STEP
+
+
+async def plain_loop(executor: object, steps: int) -> float:
+    """The same agent, gate and executor, called directly: no actors, no streams."""
+    agent = CallableAgent(_agent)
+    gate = Gate(PROFILE)
+    workdir = await executor.prepare(None, {})  # type: ignore[attr-defined]
+    start = time.perf_counter()
+    turn = Turn(scenario_id="b", goal="g", step=1)
+    for _ in range(steps):
+        decision = gate.decide(await agent.next_step(turn))  # type: ignore[arg-type]
+        if decision.needs_execution:
+            gate.observe(await executor.run_command(workdir, "true", timeout=None))  # type: ignore[attr-defined]
+        turn = Turn.model_construct(
+            scenario_id="b",
+            goal="g",
+            vars={},
+            actions=(),
+            step=gate.step_count + 1,
+            response=gate.response(decision),
+        )
+    elapsed = time.perf_counter() - start
+    await executor.cleanup(workdir)  # type: ignore[attr-defined]
+    return steps / elapsed
+
+
+async def actor_runtime(executor: object, steps: int) -> float:
+    spec = ScenarioSpec(id="b", goal="g", max_steps=steps, deadline_s=3600)
+    start = time.perf_counter()
+    result = await run_scenario(spec, agent=CallableAgent(_agent), executor=executor)  # type: ignore[arg-type]
+    elapsed = time.perf_counter() - start
+    assert result.steps == steps, result.outcome
+    return steps / elapsed
+
+
+def gate_cost(samples: int) -> tuple[float, float]:
+    """Median and p99 of one ``Gate.decide`` in microseconds, over a mix of steps."""
+    mix = [
+        STEP,
+        STEP.replace("check_status", "declare_posture").replace(
+            '"command": "true"', '"posture": "compliant"'
+        ),
+        STEP.replace("check_status", "terminate").replace('{"command": "true"}', "{}"),
+        "{not json",
+    ]
+    gate = Gate(PROFILE)
+    costs = []
+    for i in range(samples):
+        raw = mix[i % len(mix)]
+        t0 = time.perf_counter_ns()
+        gate.decide(raw)
+        costs.append(time.perf_counter_ns() - t0)
+        if i % 1000 == 999:
+            gate = Gate(PROFILE)  # keep the posture history short, as in a real run
+    costs.sort()
+    return statistics.median(costs) / 1000, costs[int(len(costs) * 0.99)] / 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--null-steps", type=int, default=3000)
+    parser.add_argument("--true-steps", type=int, default=300)
+    args = parser.parse_args()
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        cache_logger_on_first_use=True,
+    )
+
+    cases: list[tuple[str, Callable[[], object], int]] = [
+        ("no-op executor", NullExecutor, args.null_steps),
+        ("local `true`", LocalExecutor, args.true_steps),
+    ]
+    print(
+        f"{'backend':8} {'executor':15} {'plain steps/s':>14} {'runtime steps/s':>16} {'ratio':>6}"
+    )
+    for backend in ("asyncio", "trio"):
+        for label, make, steps in cases:
+            plain, actors = [], []
+            for _ in range(args.rounds):  # interleaved, so drift hits both alike
+                plain.append(anyio.run(plain_loop, make(), steps, backend=backend))
+                actors.append(anyio.run(actor_runtime, make(), steps, backend=backend))
+            p, a = statistics.median(plain), statistics.median(actors)
+            print(f"{backend:8} {label:15} {p:14.0f} {a:16.0f} {a / p:6.3f}")
+    median, p99 = gate_cost(40_000)
+    print(f"\ngate decision cost per step: median {median:.1f} us, p99 {p99:.1f} us")
+
+
+if __name__ == "__main__":
+    main()

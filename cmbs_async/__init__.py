@@ -1,0 +1,75 @@
+"""cmbs-async: supervise language-model agents doing IT compliance work.
+
+A permissive, stateful gate (CMBS) that observes execution outcomes and blocks only
+epistemically invalid moves, run as three anyio actors under one deadline.
+"""
+
+from .agents import Agent, AgentMessage, CallableAgent, ScriptedAgent
+from .gate import Decision, Gate, Messages
+from .masks import Masks
+from .profile import (
+    ActionSpec,
+    PostureSignal,
+    Profile,
+    ProfileError,
+    builtin_profiles,
+    load_profile,
+)
+from .protocol import (
+    Action,
+    ActionKind,
+    AgentStep,
+    ArtifactPayload,
+    Belief,
+    CommandPayload,
+    MasksView,
+    Observation,
+    Output,
+    PosturePayload,
+    Response,
+    Turn,
+    Verdict,
+)
+from .result import Outcome, ScenarioResult, TraceEntry
+from .runtime import run_scenario
+from .scenario import ScenarioError, ScenarioSpec, load_scenario
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Action",
+    "ActionKind",
+    "ActionSpec",
+    "Agent",
+    "AgentMessage",
+    "AgentStep",
+    "ArtifactPayload",
+    "Belief",
+    "CallableAgent",
+    "CommandPayload",
+    "Decision",
+    "Gate",
+    "Masks",
+    "MasksView",
+    "Messages",
+    "Observation",
+    "Outcome",
+    "Output",
+    "PostureSignal",
+    "PosturePayload",
+    "Profile",
+    "ProfileError",
+    "Response",
+    "ScenarioError",
+    "ScenarioResult",
+    "ScenarioSpec",
+    "ScriptedAgent",
+    "TraceEntry",
+    "Turn",
+    "Verdict",
+    "__version__",
+    "builtin_profiles",
+    "load_profile",
+    "load_scenario",
+    "run_scenario",
+]

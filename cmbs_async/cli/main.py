@@ -1,0 +1,115 @@
+"""``cmbs``: run scenarios under the gate from the command line.
+
+Exit status: 0 for an earned termination, 3 for any other finished run, 2 for a usage
+error or an invalid input file (one line on stderr, never a traceback), 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import anyio
+
+from ..agents import Agent
+from ..demo import demo_agent, demo_scenario
+from ..profile import ProfileError, builtin_profiles, load_profile
+from ..result import ScenarioResult
+from ..runtime import run_scenario
+from ..scenario import ScenarioError, ScenarioSpec, load_scenario
+from .logs import LEVELS, configure_logging
+from .render import render_result
+from .specs import SpecError, agent_from_spec, executor_from_spec
+
+__all__ = ["main"]
+
+EXIT_EARNED = 0
+EXIT_USAGE = 2
+EXIT_NOT_EARNED = 3
+EXIT_INTERRUPTED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+class UsageError(Exception):
+    """A mistake of the user's: reported on one line, exit status 2."""
+
+
+def _positive(kind: type[int] | type[float]) -> Any:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+        return value
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON object")
+    common.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    common.add_argument("--log-level", choices=LEVELS, default="warning")
+    common.add_argument("--log-format", choices=("console", "json"), default="console")
+
+    parser = _Parser(prog="cmbs", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser("demo", parents=[common], help="run the built-in scenario with a scripted agent")
+    run = sub.add_parser("run", parents=[common], help="run a scenario file")
+    run.add_argument("scenario", help="scenario file (YAML or JSON)")
+    run.add_argument("--agent", required=True, help="script:STEPS.jsonl")
+    run.add_argument("--executor", default="local", help="local (default)")
+    run.add_argument("--deadline", type=_positive(float), help="seconds (overrides the file)")
+    run.add_argument("--max-steps", type=_positive(int), help="overrides the file")
+    run.add_argument("--workdir", help="run in this directory and keep it")
+    schema = sub.add_parser("schema", help="print the JSON Schema of an agent step")
+    schema.add_argument("--profile", default="ciso", help=f"one of {builtin_profiles()} or a file")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "schema":
+            print(json.dumps(load_profile(args.profile).step_json_schema(), indent=2))
+            return 0
+        configure_logging(args.log_level, args.log_format)
+        spec, agent, executor, overrides = _prepare(args)
+        result = anyio.run(_run, spec, agent, executor, overrides, backend=args.backend)
+    except (UsageError, SpecError, ScenarioError, ProfileError) as exc:
+        print(f"cmbs {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"cmbs {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if args.json:
+        print(json.dumps(result.summary(), indent=2))
+    else:
+        print(render_result(result))
+    return EXIT_EARNED if result.earned else EXIT_NOT_EARNED
+
+
+def _prepare(args: argparse.Namespace) -> tuple[ScenarioSpec, Agent, object, dict[str, Any]]:
+    if args.command == "demo":
+        return demo_scenario(), demo_agent(), executor_from_spec("local"), {}
+    spec = load_scenario(args.scenario)
+    load_profile(spec.profile)  # an unknown profile is the user's mistake: say so now
+    if args.workdir:
+        spec = spec.model_copy(update={"workdir": args.workdir})
+    overrides = {"deadline": args.deadline, "max_steps": args.max_steps}
+    return spec, agent_from_spec(args.agent), executor_from_spec(args.executor), overrides
+
+
+async def _run(
+    spec: ScenarioSpec, agent: Agent, executor: Any, overrides: dict[str, Any]
+) -> ScenarioResult:
+    return await run_scenario(spec, agent=agent, executor=executor, **overrides)

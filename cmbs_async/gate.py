@@ -1,0 +1,189 @@
+"""The CMBS gate: a permissive, stateful gatekeeper that observes execution outcomes and
+blocks only epistemically invalid transitions (seed 000).
+
+Pure and synchronous: no I/O, no clock, no domain knowledge. Per step, in order:
+schema check, belief consistency against the masks, action legality (rules 1-4),
+verdict. Observations are applied to the masks when they arrive, after execution.
+Usable on its own inside any agent loop::
+
+    gate = Gate(load_profile("ciso"))
+    decision = gate.decide(raw_step)
+    if decision.needs_execution:
+        gate.observe(await run_it(decision))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ._errors import validation_reason
+from .masks import Masks
+from .profile import ActionSpec, Profile
+from .protocol import (
+    PAYLOAD_MODELS,
+    ActionKind,
+    AgentStep,
+    MasksView,
+    Observation,
+    Posture,
+    PosturePayload,
+    Response,
+    Verdict,
+)
+
+__all__ = ["Decision", "Gate", "Messages"]
+
+
+class Messages:
+    """The only things the gate ever says: neutral, procedural, never a hint."""
+
+    INVALID_FORMAT = "Invalid format. Re-emit."
+    INCONSISTENT = "Belief inconsistent with observations."
+    POSTURE_WITHOUT_EVIDENCE = "Posture declaration not permitted without successful execution."
+    POSTURE_INADMISSIBLE = "Posture declaration not permitted; posture not admissible."
+    TERMINATION_BLOCKED = "Termination blocked; belief incomplete."
+    CAPABILITY_UNAVAILABLE = "Action blocked; capability observed unavailable. Continue."
+    ALLOWED = "Action allowed."
+    POSTURE_ACCEPTED = "Posture declaration accepted."
+    TERMINATED = "Termination accepted."
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The gate's verdict on one step, with what it parsed."""
+
+    step_number: int
+    verdict: Verdict
+    message: str
+    detail: str | None = None
+    step: AgentStep | None = None
+    spec: ActionSpec | None = None
+    payload: BaseModel | None = None
+
+    @property
+    def action_type(self) -> str | None:
+        return None if self.step is None else self.step.action.type
+
+    @property
+    def needs_execution(self) -> bool:
+        """Allowed, and something must run for it: feed the outcome to ``observe``."""
+        return (
+            self.verdict is Verdict.ALLOW
+            and self.spec is not None
+            and self.spec.kind in (ActionKind.WRITE_ARTIFACT, ActionKind.RUN_COMMAND)
+        )
+
+
+class Gate:
+    """The supervisor's whole judgement for one scenario."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self.masks = Masks.for_profile(profile)
+        self.step_count = 0
+        self.declared_posture: Posture | None = None
+        self.last_observation: Observation | None = None
+        self._awaiting: ActionSpec | None = None
+
+    @property
+    def masks_view(self) -> MasksView:
+        return self.masks.view()
+
+    @property
+    def awaiting_observation(self) -> bool:
+        return self._awaiting is not None
+
+    def decide(self, raw: str | bytes | Mapping[str, Any] | AgentStep) -> Decision:
+        """Judge one agent message; never raises, whatever the message."""
+        self.step_count += 1
+        self._awaiting = None
+        number = self.step_count
+
+        parsed = self._parse(raw)
+        if isinstance(parsed, str):
+            return Decision(number, Verdict.CONTINUE, Messages.INVALID_FORMAT, parsed)
+        step, spec, payload = parsed
+
+        where = self.masks.inconsistency(step.belief)
+        if where is not None:
+            return Decision(number, Verdict.CONTINUE, Messages.INCONSISTENT, where, step, spec)
+        self.masks.record_claim(step.belief.posture)
+
+        verdict, message = self._legality(spec, payload)
+        if verdict is Verdict.ALLOW:
+            if isinstance(payload, PosturePayload):
+                self.declared_posture = payload.posture
+            elif spec.kind is not ActionKind.TERMINATE:
+                self._awaiting = spec
+        return Decision(number, verdict, message, None, step, spec, payload)
+
+    def observe(self, observation: Observation) -> None:
+        """Apply what really happened when the last allowed action ran."""
+        if self._awaiting is None:
+            raise RuntimeError("no allowed action is awaiting an observation")
+        self.masks.apply(self._awaiting, observation, self.profile)
+        self.last_observation = observation
+        self._awaiting = None
+
+    def response(self, decision: Decision) -> Response:
+        """The neutral answer to send back to the agent for ``decision``."""
+        return Response(
+            step=decision.step_number,
+            verdict=decision.verdict,
+            message=decision.message,
+            detail=decision.detail,
+            masks=self.masks.view(),
+            last_observation=self.last_observation,
+        )
+
+    @property
+    def final_posture(self) -> Posture | None:
+        """The posture a run ends with: the stable claim, once termination is earned."""
+        if not self.masks.termination_allowed:
+            return None
+        claim = self.masks.posture_history[-1]
+        return None if claim == "unknown" else claim
+
+    def _parse(
+        self, raw: str | bytes | Mapping[str, Any] | AgentStep
+    ) -> tuple[AgentStep, ActionSpec, BaseModel] | str:
+        try:
+            if isinstance(raw, AgentStep):
+                step = raw
+            elif isinstance(raw, str | bytes | bytearray):
+                step = AgentStep.model_validate_json(raw)
+            else:
+                step = AgentStep.model_validate(raw)
+        except ValidationError as exc:
+            return validation_reason(exc)
+        spec = self.profile.actions.get(step.action.type)
+        if spec is None:
+            return f"action.type: unknown action type {step.action.type!r}"
+        for name in step.belief.affordances:
+            if name not in self.masks.affordances:
+                return f"belief.affordances.{name}: unknown affordance"
+        try:
+            payload = PAYLOAD_MODELS[spec.kind].model_validate(step.action.payload)
+        except ValidationError as exc:
+            return f"action.payload.{validation_reason(exc)}"
+        return step, spec, payload
+
+    def _legality(self, spec: ActionSpec, payload: BaseModel) -> tuple[Verdict, str]:
+        masks = self.masks
+        if isinstance(payload, PosturePayload):  # rule 1
+            if masks.evidence != "successful":
+                return Verdict.BLOCK, Messages.POSTURE_WITHOUT_EVIDENCE
+            if not masks.posture_admissible[payload.posture]:
+                return Verdict.BLOCK, Messages.POSTURE_INADMISSIBLE
+            return Verdict.ALLOW, Messages.POSTURE_ACCEPTED
+        if spec.kind is ActionKind.TERMINATE:  # rule 2
+            if not masks.termination_allowed:
+                return Verdict.BLOCK, Messages.TERMINATION_BLOCKED
+            return Verdict.TERMINATE, Messages.TERMINATED
+        if spec.requires is not None and masks.affordances[spec.requires] == "unavailable":
+            return Verdict.BLOCK, Messages.CAPABILITY_UNAVAILABLE  # rule 3
+        return Verdict.ALLOW, Messages.ALLOWED  # rule 4

@@ -1,0 +1,176 @@
+"""Profiles: the only place where a domain is described, as data.
+
+A profile names the affordances (capabilities), the action vocabulary (each action's
+kind and the affordance it needs) and the observation signals that move the masks
+(which evidence level a success earns, and output patterns that eliminate a posture).
+The gate reads a profile; it never contains domain knowledge of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ._errors import one_line, validation_reason
+from .protocol import PAYLOAD_MODELS, ActionKind, AgentStep, EvidenceState, Observation
+
+__all__ = [
+    "ActionSpec",
+    "PostureSignal",
+    "Profile",
+    "ProfileError",
+    "builtin_profiles",
+    "load_profile",
+]
+
+
+class ProfileError(ValueError):
+    """A profile could not be found or is not valid; the message is one line."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ActionSpec(_Model):
+    """One entry of the action vocabulary."""
+
+    kind: ActionKind
+    requires: str | None = None
+    evidence_on_success: EvidenceState | None = None
+    posture_signals: tuple[str, ...] = ()
+    description: str = ""
+
+
+class PostureSignal(_Model):
+    """Output patterns of a successful command that eliminate a posture.
+
+    A line matching ``violation`` makes ``compliant`` inadmissible. Otherwise a line
+    matching ``no_violation`` makes ``non_compliant`` inadmissible. No match: nothing
+    changes (absence of evidence eliminates nothing).
+    """
+
+    stream: Literal["stdout", "stderr", "both"] = "stdout"
+    violation: tuple[re.Pattern[str], ...] = ()
+    no_violation: tuple[re.Pattern[str], ...] = ()
+
+    @field_validator("violation", "no_violation", mode="before")
+    @classmethod
+    def _compile(cls, value: Any) -> Any:
+        if not isinstance(value, list | tuple):
+            return value
+        try:
+            return tuple(re.compile(p, re.MULTILINE) if isinstance(p, str) else p for p in value)
+        except re.error as exc:
+            raise ValueError(f"invalid pattern: {exc}") from exc
+
+    def eliminates(self, observation: Observation) -> Literal["compliant", "non_compliant"] | None:
+        """The posture this observation rules out, if any."""
+        if self.stream == "stdout":
+            text = observation.stdout.text
+        elif self.stream == "stderr":
+            text = observation.stderr.text
+        else:
+            text = observation.stdout.text + "\n" + observation.stderr.text
+        if any(p.search(text) for p in self.violation):
+            return "compliant"
+        if any(p.search(text) for p in self.no_violation):
+            return "non_compliant"
+        return None
+
+
+class Profile(_Model):
+    """A domain described as data: affordances, actions and observation signals."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    affordances: tuple[str, ...]
+    stability_window: int = Field(default=2, ge=1)
+    actions: dict[str, ActionSpec]
+    signals: dict[str, PostureSignal] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_references(self) -> Profile:
+        kinds = {spec.kind for spec in self.actions.values()}
+        for needed in (ActionKind.DECLARE_POSTURE, ActionKind.TERMINATE):
+            if needed not in kinds:
+                raise ValueError(f"the vocabulary has no action of kind {needed.value}")
+        for name, spec in self.actions.items():
+            if spec.requires is not None and spec.requires not in self.affordances:
+                raise ValueError(f"action {name} requires unknown affordance {spec.requires}")
+            for signal in spec.posture_signals:
+                if signal not in self.signals:
+                    raise ValueError(f"action {name} names unknown signal {signal}")
+        return self
+
+    def step_json_schema(self) -> dict[str, Any]:
+        """The JSON Schema of an agent step under this profile's vocabulary."""
+        schema = AgentStep.model_json_schema()
+        belief = schema["$defs"]["Belief"]
+        state = belief["properties"]["affordances"]["additionalProperties"]
+        belief["properties"]["affordances"] = {
+            "type": "object",
+            "properties": {name: state for name in self.affordances},
+            "additionalProperties": False,
+        }
+        variants = []
+        for name, spec in sorted(self.actions.items()):
+            payload = PAYLOAD_MODELS[spec.kind].model_json_schema()
+            payload.pop("title", None)
+            variants.append(
+                {
+                    "type": "object",
+                    "title": name,
+                    "description": spec.description,
+                    "properties": {"type": {"const": name}, "payload": payload},
+                    "required": ["type", "payload"] if payload.get("required") else ["type"],
+                    "additionalProperties": False,
+                }
+            )
+        schema["$defs"]["Action"] = {"oneOf": variants}
+        schema["title"] = f"AgentStep ({self.name} profile)"
+        return schema
+
+
+def builtin_profiles() -> list[str]:
+    """Names of the profiles shipped with the package."""
+    folder = resources.files("cmbs_async") / "profiles"
+    return sorted(
+        p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
+    )
+
+
+@cache
+def _load_builtin(name: str) -> Profile:
+    text = (resources.files("cmbs_async") / "profiles" / f"{name}.yaml").read_text("utf-8")
+    return _parse(yaml.safe_load(text), f"built-in profile {name}")
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """A built-in profile by name, or a profile from a YAML or JSON file."""
+    if isinstance(name_or_path, str) and name_or_path in builtin_profiles():
+        return _load_builtin(name_or_path)
+    path = Path(name_or_path)
+    if not path.is_file():
+        known = ", ".join(builtin_profiles())
+        raise ProfileError(f"no profile {str(name_or_path)!r} (built-in: {known}; or a file path)")
+    try:
+        text = path.read_text("utf-8")
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise ProfileError(f"{path}: cannot read profile: {one_line(str(exc))}") from exc
+    return _parse(data, str(path))
+
+
+def _parse(data: Any, origin: str) -> Profile:
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileError(f"{origin}: {validation_reason(exc)}") from exc

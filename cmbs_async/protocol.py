@@ -1,0 +1,204 @@
+"""The messages that cross the actors' streams.
+
+Everything here is a frozen pydantic model: the agent's step (belief, action, free text),
+the supervisor's response, the observation an executor returns and the turn an agent is
+handed. Nothing in this module knows a domain; which action types exist and what their
+payloads look like is the profile's business (see :mod:`cmbs_async.profile`).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "EVIDENCE_ORDER",
+    "Action",
+    "ActionKind",
+    "AffordanceState",
+    "AgentStep",
+    "ArtifactPayload",
+    "Belief",
+    "CommandPayload",
+    "EmptyPayload",
+    "EvidenceState",
+    "MasksView",
+    "Observation",
+    "Output",
+    "PAYLOAD_MODELS",
+    "Posture",
+    "PostureClaim",
+    "PosturePayload",
+    "Response",
+    "Turn",
+    "Verdict",
+]
+
+AffordanceState = Literal["unknown", "available", "unavailable"]
+EvidenceState = Literal["none", "attempted", "successful"]
+Posture = Literal["compliant", "non_compliant"]
+PostureClaim = Literal["unknown", "compliant", "non_compliant"]
+
+EVIDENCE_ORDER: dict[str, int] = {"none": 0, "attempted": 1, "successful": 2}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Verdict(StrEnum):
+    """What the gate decided about one agent step."""
+
+    ALLOW = "ALLOW"
+    BLOCK = "BLOCK"
+    CONTINUE = "CONTINUE"
+    TERMINATE = "TERMINATE"
+
+
+class ActionKind(StrEnum):
+    """What an action does, independent of its name in a profile."""
+
+    WRITE_ARTIFACT = "write_artifact"
+    RUN_COMMAND = "run_command"
+    DECLARE_POSTURE = "declare_posture"
+    TERMINATE = "terminate"
+
+
+class ArtifactPayload(_Model):
+    """Payload of an action that writes a file into the scenario's workdir."""
+
+    content: str
+    path: str = Field(min_length=1)
+
+
+class CommandPayload(_Model):
+    """Payload of an action that runs a shell command in the scenario's workdir."""
+
+    command: str = Field(min_length=1)
+
+
+class PosturePayload(_Model):
+    """Payload of a posture declaration."""
+
+    posture: Posture
+
+
+class EmptyPayload(_Model):
+    """Payload of an action that takes none (terminate)."""
+
+
+PAYLOAD_MODELS: dict[ActionKind, type[_Model]] = {
+    ActionKind.WRITE_ARTIFACT: ArtifactPayload,
+    ActionKind.RUN_COMMAND: CommandPayload,
+    ActionKind.DECLARE_POSTURE: PosturePayload,
+    ActionKind.TERMINATE: EmptyPayload,
+}
+
+
+class Belief(_Model):
+    """The only belief object an agent may emit (seed 001, section 2).
+
+    Missing affordances count as ``unknown``; ``unknown`` is always consistent.
+    """
+
+    affordances: dict[str, AffordanceState] = Field(default_factory=dict)
+    posture: PostureClaim = "unknown"
+    evidence: EvidenceState = "none"
+
+
+class Action(_Model):
+    """A proposed action: its type names an entry of the profile's vocabulary."""
+
+    type: str = Field(min_length=1)
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class AgentStep(_Model):
+    """One agent message: belief, proposed action and optional free text."""
+
+    belief: Belief
+    action: Action
+    free_text: str | None = None
+
+
+class Output(_Model):
+    """A captured output stream, capped: the first and last bytes, and the total size."""
+
+    head: str = ""
+    tail: str = ""
+    total_bytes: int = 0
+    truncated: bool = False
+
+    @property
+    def text(self) -> str:
+        """Head and tail joined, with a marker where bytes were dropped."""
+        if not self.truncated:
+            return self.head + self.tail
+        dropped = self.total_bytes - len(self.head.encode()) - len(self.tail.encode())
+        return f"{self.head}\n[... {max(dropped, 0)} bytes not kept ...]\n{self.tail}"
+
+
+class Observation(_Model):
+    """What really happened when an allowed action ran.
+
+    ``program_found`` is false when the shell could not find the program (exit 127),
+    ``None`` when it is not known (an artifact, a killed command, a lost connection).
+    """
+
+    kind: Literal["command", "artifact"]
+    action: str | None = None
+    command: str | None = None
+    path: str | None = None
+    success: bool
+    exit_status: int | None = None
+    program_found: bool | None = None
+    timed_out: bool = False
+    error: str | None = None
+    stdout: Output = Field(default_factory=Output)
+    stderr: Output = Field(default_factory=Output)
+    duration_s: float = 0.0
+
+    def summary(self) -> str:
+        """A few words on what happened, for step tables."""
+        if self.kind == "artifact":
+            return f"wrote {self.path}" if self.success else f"refused: {self.error}"
+        if self.timed_out or self.exit_status is None:
+            return self.error or "no exit status"
+        first = (self.stdout.head or self.stderr.head).strip().splitlines()
+        said = f": {first[0][:40]}" if first else ""
+        return f"exit {self.exit_status}{said}"
+
+
+class MasksView(_Model):
+    """A read-only snapshot of the supervisor's belief masks A-E."""
+
+    affordances: dict[str, AffordanceState]
+    evidence: EvidenceState
+    posture_admissible: dict[str, bool]
+    posture_history: tuple[PostureClaim, ...]
+    posture_stable: bool
+    termination_allowed: bool
+
+
+class Response(_Model):
+    """The supervisor's answer to one agent step: neutral and procedural."""
+
+    step: int
+    verdict: Verdict
+    message: str
+    detail: str | None = None
+    masks: MasksView
+    last_observation: Observation | None = None
+
+
+class Turn(_Model):
+    """What an agent is handed before each step it takes."""
+
+    scenario_id: str
+    goal: str
+    vars: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    actions: tuple[str, ...] = ()
+    step: int
+    response: Response | None = None

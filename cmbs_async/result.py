@@ -1,0 +1,79 @@
+"""What a finished scenario run reports."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from .protocol import MasksView, Posture, Verdict
+
+__all__ = ["Outcome", "ScenarioResult", "TraceEntry"]
+
+
+class Outcome(StrEnum):
+    """How a run ended. Only ``terminated`` is an earned termination."""
+
+    TERMINATED = "terminated"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    STEP_BUDGET_EXHAUSTED = "step_budget_exhausted"
+    AGENT_FINISHED = "agent_finished"
+    AGENT_ERROR = "agent_error"
+    EXECUTOR_ERROR = "executor_error"
+
+
+class TraceEntry(BaseModel):
+    """One line of the run's trace: what the agent proposed and what the gate said."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step: int
+    action: str | None
+    verdict: Verdict
+    message: str
+    observed: str | None = None
+
+
+class ScenarioResult(BaseModel):
+    """The outcome of one scenario run, as the CLI's ``--json`` prints it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    scenario_id: str
+    outcome: Outcome
+    posture: Posture | None
+    steps: int
+    verdicts: dict[str, int]
+    duration_s: float
+    trace: list[TraceEntry]
+    reason: str | None = None
+    masks: MasksView
+    workdir: str | None = None
+
+    @property
+    def earned(self) -> bool:
+        return self.outcome is Outcome.TERMINATED
+
+    def summary(self) -> dict[str, Any]:
+        """The stable JSON contract of ``cmbs run --json``."""
+        return {
+            "scenario_id": self.scenario_id,
+            "outcome": self.outcome.value,
+            "posture": self.posture,
+            "steps": self.steps,
+            "verdicts": self.verdicts,
+            "duration_s": round(self.duration_s, 4),
+            "reason": self.reason,
+            "workdir": self.workdir,
+            "trace": [
+                {
+                    "step": t.step,
+                    "action": t.action,
+                    "verdict": t.verdict.value,
+                    "message": t.message,
+                    "observed": t.observed,
+                }
+                for t in self.trace
+            ],
+        }

@@ -1,0 +1,73 @@
+"""Scenario specs and their loading from YAML or JSON files."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ._errors import one_line, validation_reason
+
+__all__ = ["ScenarioError", "ScenarioSpec", "load_scenario"]
+
+_VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+
+
+class ScenarioError(ValueError):
+    """A scenario file could not be read or is not valid; the message is one line."""
+
+
+class ScenarioSpec(BaseModel):
+    """One scenario: the goal handed to the agent and the budget it runs under.
+
+    ``files`` are written into the workdir before the agent's first step (the scenario's
+    starting state); ``{{ name }}`` in the goal is replaced by ``vars[name]``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    goal: str = Field(min_length=1)
+    vars: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    workdir: str | None = None
+    deadline_s: float = Field(default=200.0, gt=0)
+    max_steps: int = Field(default=50, ge=1)
+    command_timeout_s: float | None = Field(default=None, gt=0)
+    profile: str = "ciso"
+    files: dict[str, str] = Field(default_factory=dict)
+
+    def rendered_goal(self) -> str:
+        """The goal with ``{{ var }}`` placeholders filled in; unknown names stay as written."""
+
+        def fill(match: re.Match[str]) -> str:
+            name = match.group(1)
+            return str(self.vars[name]) if name in self.vars else match.group(0)
+
+        return _VAR.sub(fill, self.goal)
+
+
+def load_scenario(path: str | Path) -> ScenarioSpec:
+    """Read a scenario file (``.json``, otherwise YAML); errors are one-line ScenarioErrors."""
+    path = Path(path)
+    try:
+        text = path.read_text("utf-8")
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        data: Any = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ScenarioError(f"{path}: not valid {_format(path)}: {one_line(str(exc))}") from exc
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: a scenario must be a mapping of fields")
+    try:
+        return ScenarioSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(f"{path}: {validation_reason(exc)}") from exc
+
+
+def _format(path: Path) -> str:
+    return "JSON" if path.suffix == ".json" else "YAML"

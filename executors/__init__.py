@@ -1,0 +1,24 @@
+"""Executors: the only code that touches the world. Local subprocesses here, remote hosts
+over SSH in :mod:`executors.ssh`."""
+
+from .base import (
+    DEFAULT_OUTPUT_CAP,
+    Executor,
+    ExecutorError,
+    OutputBuffer,
+    PathRefused,
+    confine,
+)
+from .local import LocalExecutor
+from .null import NullExecutor
+
+__all__ = [
+    "DEFAULT_OUTPUT_CAP",
+    "Executor",
+    "ExecutorError",
+    "LocalExecutor",
+    "NullExecutor",
+    "OutputBuffer",
+    "PathRefused",
+    "confine",
+]

@@ -1,0 +1,107 @@
+"""The executor protocol and what every executor shares: workdir confinement and
+capped output capture."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import PurePosixPath
+from typing import Protocol, runtime_checkable
+
+from cmbs_async.protocol import Observation, Output
+
+__all__ = [
+    "DEFAULT_OUTPUT_CAP",
+    "Executor",
+    "ExecutorError",
+    "OutputBuffer",
+    "PathRefused",
+    "confine",
+    "refused_artifact",
+]
+
+DEFAULT_OUTPUT_CAP = 64 * 1024
+
+
+class ExecutorError(RuntimeError):
+    """The executor itself cannot work (no workdir, no connection); ends the run."""
+
+
+class PathRefused(ValueError):
+    """An artifact path would leave the workdir."""
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs what the gate allowed and reports what really happened.
+
+    One executor may serve many scenarios at once; each call names its workdir.
+    Failures of the action itself are observations, never exceptions; only a broken
+    executor raises :class:`ExecutorError`.
+    """
+
+    async def prepare(self, workdir: str | None, files: Mapping[str, str]) -> str:
+        """Create the workdir (a fresh temporary one for ``None``), seed ``files``, return it."""
+        ...
+
+    async def write_artifact(self, workdir: str, path: str, content: str) -> Observation:
+        """Write ``content`` to ``path``, relative to and confined in ``workdir``."""
+        ...
+
+    async def run_command(
+        self, workdir: str, command: str, *, timeout: float | None
+    ) -> Observation:
+        """Run ``command`` through a shell in ``workdir``; kill all of it on timeout or cancel."""
+        ...
+
+    async def cleanup(self, workdir: str) -> None:
+        """Remove a workdir that :meth:`prepare` created as temporary."""
+        ...
+
+
+def confine(path: str) -> PurePosixPath:
+    """The relative path of an artifact, or :class:`PathRefused` if it could escape."""
+    if not path or "\x00" in path:
+        raise PathRefused("artifact path is empty or contains a NUL byte")
+    pure = PurePosixPath(path)
+    if pure.is_absolute() or path.startswith("~"):
+        raise PathRefused(f"artifact path {path!r} is absolute; paths are relative to the workdir")
+    if ".." in pure.parts:
+        raise PathRefused(f"artifact path {path!r} contains '..'")
+    if not pure.parts or pure.name in ("", "."):
+        raise PathRefused(f"artifact path {path!r} names no file")
+    return pure
+
+
+def refused_artifact(path: str, reason: str) -> Observation:
+    """The observation for an artifact that was not written."""
+    return Observation(kind="artifact", path=path, success=False, error=reason)
+
+
+class OutputBuffer:
+    """Keeps the first and last ``cap // 2`` bytes of a stream and counts the rest."""
+
+    def __init__(self, cap: int = DEFAULT_OUTPUT_CAP) -> None:
+        self._half = max(cap // 2, 1)
+        self._head = bytearray()
+        self._tail = bytearray()
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self._half - len(self._head)
+        if room > 0:
+            self._head += data[:room]
+            data = data[room:]
+        if data:
+            self._tail += data
+            if len(self._tail) > self._half:
+                del self._tail[: len(self._tail) - self._half]
+
+    def output(self) -> Output:
+        kept = len(self._head) + len(self._tail)
+        return Output(
+            head=self._head.decode("utf-8", "replace"),
+            tail=self._tail.decode("utf-8", "replace"),
+            total_bytes=self.total,
+            truncated=self.total > kept,
+        )

@@ -1,0 +1,32 @@
+"""An executor that runs nothing: every action succeeds at once with empty output.
+
+For dry runs of agents and gates, and for measuring the runtime's own overhead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from cmbs_async.protocol import Observation
+
+__all__ = ["NullExecutor"]
+
+
+class NullExecutor:
+    """Every command exits 0 with no output; every artifact is 'written' nowhere."""
+
+    async def prepare(self, workdir: str | None, files: Mapping[str, str]) -> str:
+        return workdir or "."
+
+    async def write_artifact(self, workdir: str, path: str, content: str) -> Observation:
+        return Observation(kind="artifact", path=path, success=True)
+
+    async def run_command(
+        self, workdir: str, command: str, *, timeout: float | None
+    ) -> Observation:
+        return Observation(
+            kind="command", command=command, success=True, exit_status=0, program_found=True
+        )
+
+    async def cleanup(self, workdir: str) -> None:
+        return None

@@ -1,0 +1,138 @@
+"""The local executor: confinement, output capping, and killing whole process groups."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from executors import LocalExecutor, PathRefused, confine
+
+from .helpers import live_pids
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def executor() -> LocalExecutor:
+    return LocalExecutor(kill_grace=0.3)
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        ("/etc/passwd", "absolute"),
+        ("../outside.txt", "'..'"),
+        ("a/../../outside.txt", "'..'"),
+        ("~/x", "absolute"),
+        ("", "empty"),
+        (".", "names no file"),
+    ],
+)
+async def test_artifact_paths_that_escape_are_refused(
+    executor: LocalExecutor, tmp_path: Path, path: str, reason: str
+) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    observation = await executor.write_artifact(str(workdir), path, "x")
+    assert not observation.success
+    assert observation.error is not None and reason in observation.error
+    assert not (tmp_path / "outside.txt").exists()
+
+
+async def test_symlinks_leading_outside_are_refused(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    workdir, outside = tmp_path / "work", tmp_path / "outside"
+    workdir.mkdir()
+    outside.mkdir()
+    (workdir / "out").symlink_to(outside)
+    (workdir / "victim").symlink_to(outside / "victim.txt")
+    via_dir = await executor.write_artifact(str(workdir), "out/sub/p.yaml", "x")
+    via_file = await executor.write_artifact(str(workdir), "victim", "x")
+    assert not via_dir.success and "outside the workdir" in (via_dir.error or "")
+    assert not via_file.success and "symbolic link" in (via_file.error or "")
+    assert list(outside.iterdir()) == []
+
+
+async def test_artifacts_are_written_inside_with_parents(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    observation = await executor.write_artifact(str(tmp_path), "policies/p.yaml", "kind: X\n")
+    assert observation.success
+    assert (tmp_path / "policies" / "p.yaml").read_text() == "kind: X\n"
+    assert confine("a/b.txt").parts == ("a", "b.txt")
+    with pytest.raises(PathRefused):
+        confine("/abs")
+
+
+async def test_command_runs_in_the_workdir(executor: LocalExecutor, tmp_path: Path) -> None:
+    observation = await executor.run_command(str(tmp_path), "pwd; echo err >&2; exit 3", timeout=10)
+    assert observation.exit_status == 3 and not observation.success
+    assert observation.program_found is True
+    assert observation.stdout.text.strip() == str(tmp_path)
+    assert observation.stderr.text.strip() == "err"
+
+
+async def test_output_is_capped_head_and_tail(tmp_path: Path) -> None:
+    executor = LocalExecutor(output_cap=1000)
+    observation = await executor.run_command(
+        str(tmp_path),
+        "echo BEGIN; head -c 200000 /dev/zero | tr '\\0' x; echo; echo END",
+        timeout=10,
+    )
+    out = observation.stdout
+    assert out.truncated and out.total_bytes > 200000
+    assert out.head.startswith("BEGIN") and out.tail.endswith("END\n")
+    assert len(out.head) + len(out.tail) <= 1000
+
+
+async def test_timeout_kills_the_whole_group(executor: LocalExecutor, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+    command = f"sh -c 'echo $$ >> {pidfile}; sleep 60' & echo $$ >> {pidfile}; sleep 60"
+    with anyio.fail_after(10):
+        observation = await executor.run_command(str(tmp_path), command, timeout=0.5)
+    assert observation.timed_out and not observation.success
+    assert observation.error == "command timed out after 0.5 s"
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert len(pids) == 2
+    assert live_pids(pids) == []
+
+
+async def test_a_grandchild_holding_the_pipe_does_not_block(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pid"
+    with anyio.fail_after(5):
+        observation = await executor.run_command(
+            str(tmp_path), f"sleep 60 & echo $! > {pidfile}; echo done", timeout=30
+        )
+    assert observation.success and observation.stdout.text == "done\n"
+    assert live_pids([int(pidfile.read_text())]) == []
+
+
+async def test_cancellation_kills_the_whole_group(executor: LocalExecutor, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+    command = (
+        f"sh -c 'trap \"\" TERM; echo $$ >> {pidfile}; exec sleep 60' & echo $$ >> {pidfile}; wait"
+    )
+    with anyio.move_on_after(0.5):
+        await executor.run_command(str(tmp_path), command, timeout=None)
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert len(set(pids)) == 2 and live_pids(pids) == []
+
+
+async def test_prepare_creates_workdir_and_seeds_files(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    workdir = await executor.prepare(None, {"etc/sshd_config": "X11Forwarding yes\n"})
+    try:
+        seeded = anyio.Path(workdir, "etc", "sshd_config")
+        assert await seeded.read_text() == "X11Forwarding yes\n"
+    finally:
+        await executor.cleanup(workdir)
+    assert not await anyio.Path(workdir).exists()
+    named = tmp_path / "a" / "b"
+    assert await executor.prepare(str(named), {}) == str(named)
+    assert named.is_dir()

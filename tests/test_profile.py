@@ -1,0 +1,111 @@
+"""The stock CISO profile reads real tool outputs correctly; profiles validate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cmbs_async import Gate, Observation, Output, ProfileError, load_profile
+from executors import LocalExecutor
+
+from .helpers import step
+
+CISO = load_profile("ciso")
+
+
+def observed(stdout: str, exit_status: int = 0) -> Observation:
+    return Observation(
+        kind="command",
+        success=exit_status == 0,
+        exit_status=exit_status,
+        program_found=exit_status != 127,
+        stdout=Output(head=stdout, total_bytes=len(stdout)),
+    )
+
+
+@pytest.mark.parametrize(
+    ("sample", "signal", "eliminated"),
+    [
+        ("kubectl_get_polr_wide_fail.txt", "policy_report", "compliant"),
+        ("kubectl_get_polr_all_namespaces_mixed.txt", "policy_report", "compliant"),
+        ("kubectl_get_polr_legacy_fail.txt", "policy_report", "compliant"),
+        ("kubectl_get_polr_all_namespaces_pass.txt", "policy_report", "non_compliant"),
+        ("kubectl_get_polr_header_only.txt", "policy_report", None),
+        ("opa_eval_raw_false.txt", "opa_raw", "compliant"),
+        ("opa_eval_raw_true.txt", "opa_raw", "non_compliant"),
+        ("opa_eval_raw_true.txt", "policy_report", None),
+        ("kubectl_get_polr_wide_fail.txt", "opa_raw", None),
+    ],
+)
+def test_signals_read_recorded_outputs(
+    data: Path, sample: str, signal: str, eliminated: str | None
+) -> None:
+    output = (data / sample).read_text()
+    assert CISO.signals[signal].eliminates(observed(output)) == eliminated
+
+
+def test_a_policy_report_header_is_not_a_violation(data: Path) -> None:
+    gate = Gate(CISO)
+    gate.decide(step("check_status", {"command": "kubectl get polr"}))
+    gate.observe(observed((data / "kubectl_get_polr_header_only.txt").read_text()))
+    assert gate.masks.posture_admissible == {"compliant": True, "non_compliant": True}
+    assert gate.masks.evidence == "successful"
+
+
+def test_kubectl_without_a_cluster_is_available_but_proves_nothing(data: Path) -> None:
+    stderr = (data / "kubectl_get_polr_no_cluster.stderr").read_text()
+    gate = Gate(CISO)
+    gate.decide(step("execute_kubectl", {"command": "kubectl get polr -A"}))
+    gate.observe(
+        Observation(
+            kind="command",
+            success=False,
+            exit_status=1,
+            program_found=True,
+            stderr=Output(head=stderr, total_bytes=len(stderr)),
+        )
+    )
+    view = gate.masks.view()
+    assert view.affordances["k8s_policy"] == "available"
+    assert view.evidence == "none"
+    assert view.posture_admissible == {"compliant": True, "non_compliant": True}
+
+
+@pytest.mark.anyio
+async def test_a_missing_program_is_observed_unavailable(tmp_path: Path) -> None:
+    observation = await LocalExecutor().run_command(
+        str(tmp_path), "cmbs-no-such-opa eval -d p.rego 'data.check.result'", timeout=10
+    )
+    assert observation.exit_status == 127
+    assert "not found" in observation.stderr.text
+    gate = Gate(CISO)
+    gate.decide(step("execute_opa", {"command": observation.command or ""}))
+    gate.observe(observation)
+    assert gate.masks.affordances["opa_eval"] == "unavailable"
+
+
+def test_profile_from_a_file_and_its_errors(tmp_path: Path) -> None:
+    good = tmp_path / "p.yaml"
+    good.write_text(
+        "name: tiny\naffordances: [net]\nactions:\n"
+        "  probe: {kind: run_command, requires: net, evidence_on_success: successful}\n"
+        "  claim: {kind: declare_posture}\n  stop: {kind: terminate}\n"
+    )
+    assert list(load_profile(good).actions) == ["probe", "claim", "stop"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("requires: net", "requires: gpu"))
+    with pytest.raises(ProfileError, match="unknown affordance gpu"):
+        load_profile(bad)
+    with pytest.raises(ProfileError, match="no profile"):
+        load_profile("nonesuch")
+
+
+def test_step_schema_lists_the_vocabulary() -> None:
+    schema = CISO.step_json_schema()
+    names = [
+        variant["properties"]["type"]["const"] for variant in schema["$defs"]["Action"]["oneOf"]
+    ]
+    assert sorted(names) == sorted(CISO.actions)
+    affordances = schema["$defs"]["Belief"]["properties"]["affordances"]["properties"]
+    assert set(affordances) == {"k8s_policy", "opa_eval", "ansible_exec"}
