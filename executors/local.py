@@ -151,11 +151,12 @@ class LocalExecutor:
     async def _reap(self, process: Process) -> None:
         """Kill what is left of the command's process group, then release the process."""
         group = process.pid
-        if _signal_group(group, signal.SIGTERM):
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            if not _signal_group(group, signum):
+                break
             with anyio.move_on_after(self.kill_grace):
                 while _group_alive(group):  # noqa: ASYNC110 - no event tells a group is gone
                     await anyio.sleep(0.01)
-            _signal_group(group, signal.SIGKILL)
         with anyio.move_on_after(self.kill_grace):
             await process.wait()
         if process.returncode is None:
