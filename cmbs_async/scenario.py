@@ -25,7 +25,9 @@ class ScenarioSpec(BaseModel):
     """One scenario: the goal handed to the agent and the budget it runs under.
 
     ``files`` are written into the workdir before the agent's first step (the scenario's
-    starting state); ``{{ name }}`` in the goal is replaced by ``vars[name]``.
+    starting state); ``{{ name }}`` in the goal is replaced by ``vars[name]``. ``host``
+    (``ssh://USER@HOST[:PORT]``) and ``host_key`` (a pinned public key) name a remote
+    target for the command line's SSH executor.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -39,6 +41,8 @@ class ScenarioSpec(BaseModel):
     command_timeout_s: float | None = Field(default=None, gt=0)
     profile: str = "ciso"
     files: dict[str, str] = Field(default_factory=dict)
+    host: str | None = Field(default=None, pattern=r"^ssh://")
+    host_key: str | None = None
 
     def rendered_goal(self) -> str:
         """The goal with ``{{ var }}`` placeholders filled in; unknown names stay as written."""

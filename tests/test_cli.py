@@ -118,6 +118,15 @@ def test_an_invalid_scenario_file_is_one_line_and_exit_2(
         (["--agent", "script:/nonexistent.jsonl"], "cannot read /nonexistent.jsonl"),
         (["--agent", "wizard:gpt"], "expected script:STEPS.jsonl"),
         (["--agent", "script:SCENARIO", "--executor", "cloud"], "expected local"),
+        (
+            ["--agent", "script:SCENARIO", "--executor", "ssh://u@h", "--backend", "trio"],
+            "needs --backend asyncio",
+        ),
+        (["--agent", "script:SCENARIO", "--executor", "ssh://u@h:x"], "port is not a number"),
+        (
+            ["--agent", "script:SCENARIO", "--executor", "ssh://u@h", "--identity", "/no/key"],
+            "no such file: /no/key",
+        ),
         (["--agent", "script:x", "--deadline", "soon"], "not a number: 'soon'"),
         ([], "the following arguments are required: --agent"),
     ],

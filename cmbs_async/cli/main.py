@@ -67,7 +67,18 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", parents=[common], help="run a scenario file")
     run.add_argument("scenario", help="scenario file (YAML or JSON)")
     run.add_argument("--agent", required=True, help="script:STEPS.jsonl")
-    run.add_argument("--executor", default="local", help="local (default)")
+    run.add_argument(
+        "--executor",
+        help="local (default) or ssh://USER@HOST[:PORT] (default: the scenario's host)",
+    )
+    run.add_argument("--identity", action="append", default=[], help="SSH private key file")
+    run.add_argument("--known-hosts", help="known_hosts file (default: the user's)")
+    run.add_argument("--host-key", help="pin the host's public key ('ssh-ed25519 AAAA...')")
+    run.add_argument(
+        "--insecure-no-host-key-check",
+        action="store_true",
+        help="do not verify the SSH host key (logs a warning)",
+    )
     run.add_argument("--deadline", type=_positive(float), help="seconds (overrides the file)")
     run.add_argument("--max-steps", type=_positive(int), help="overrides the file")
     run.add_argument("--workdir", help="run in this directory and keep it")
@@ -106,10 +117,24 @@ def _prepare(args: argparse.Namespace) -> tuple[ScenarioSpec, Agent, object, dic
     if args.workdir:
         spec = spec.model_copy(update={"workdir": args.workdir})
     overrides = {"deadline": args.deadline, "max_steps": args.max_steps}
-    return spec, agent_from_spec(args.agent), executor_from_spec(args.executor), overrides
+    where = args.executor or spec.host or "local"
+    if where.startswith("ssh://") and args.backend != "asyncio":
+        raise UsageError("the SSH executor needs --backend asyncio (asyncssh does not run on trio)")
+    executor = executor_from_spec(
+        where,
+        identities=args.identity,
+        known_hosts=args.known_hosts,
+        host_key=args.host_key or spec.host_key,
+        insecure=args.insecure_no_host_key_check,
+    )
+    return spec, agent_from_spec(args.agent), executor, overrides
 
 
 async def _run(
     spec: ScenarioSpec, agent: Agent, executor: Any, overrides: dict[str, Any]
 ) -> ScenarioResult:
-    return await run_scenario(spec, agent=agent, executor=executor, **overrides)
+    try:
+        return await run_scenario(spec, agent=agent, executor=executor, **overrides)
+    finally:
+        if hasattr(executor, "aclose"):
+            await executor.aclose()

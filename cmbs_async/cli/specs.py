@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+
 from ..agents import Agent, ScriptedAgent
 
 __all__ = ["SpecError", "agent_from_spec", "executor_from_spec"]
@@ -24,10 +27,34 @@ def agent_from_spec(spec: str) -> Agent:
     raise SpecError(f"--agent {spec!r}: expected script:STEPS.jsonl")
 
 
-def executor_from_spec(spec: str) -> object:
-    """``local``: the local subprocess executor."""
+def executor_from_spec(
+    spec: str,
+    *,
+    identities: Sequence[str] = (),
+    known_hosts: str | None = None,
+    host_key: str | None = None,
+    insecure: bool = False,
+) -> object:
+    """``local``, or ``ssh://USER@HOST[:PORT]`` with its connection options."""
     if spec == "local":
         from executors.local import LocalExecutor
 
         return LocalExecutor()
-    raise SpecError(f"--executor {spec!r}: expected local")
+    if spec.startswith("ssh://"):
+        from executors.ssh import SSHExecutor, SSHTarget
+
+        for path in (*identities, *([known_hosts] if known_hosts else [])):
+            if not os.path.isfile(path):
+                raise SpecError(f"no such file: {path}")
+        try:
+            target = SSHTarget.parse(
+                spec,
+                identities=tuple(identities),
+                known_hosts=known_hosts,
+                host_key=host_key,
+                insecure=insecure,
+            )
+        except ValueError as exc:
+            raise SpecError(f"--executor {exc}") from exc
+        return SSHExecutor(target)
+    raise SpecError(f"--executor {spec!r}: expected local or ssh://USER@HOST[:PORT]")
