@@ -5,6 +5,7 @@ epistemically invalid moves, run as three anyio actors under one deadline.
 """
 
 from .agents import Agent, AgentMessage, CallableAgent, ScriptedAgent
+from .audit import AuditStore, SQLiteAuditStore, load_or_create_key, replay
 from .gate import Decision, Gate, Messages
 from .masks import Masks
 from .profile import (
@@ -20,8 +21,10 @@ from .protocol import (
     ActionKind,
     AgentStep,
     ArtifactPayload,
+    Assessment,
     Belief,
     CommandPayload,
+    Commitment,
     MasksView,
     Observation,
     Output,
@@ -31,6 +34,7 @@ from .protocol import (
     Verdict,
 )
 from .result import Outcome, ScenarioResult, TraceEntry
+from .review import CallbackHuman, ConsoleHuman, OpenAIReviewer, Review, SupervisionConfig
 from .runtime import run_scenario
 from .scenario import ScenarioError, ScenarioSpec, load_scenario
 
@@ -44,15 +48,21 @@ __all__ = [
     "AgentMessage",
     "AgentStep",
     "ArtifactPayload",
+    "Assessment",
+    "AuditStore",
     "Belief",
     "CallableAgent",
+    "CallbackHuman",
     "CommandPayload",
+    "Commitment",
+    "ConsoleHuman",
     "Decision",
     "Gate",
     "Masks",
     "MasksView",
     "Messages",
     "Observation",
+    "OpenAIReviewer",
     "Outcome",
     "Output",
     "PostureSignal",
@@ -60,16 +70,21 @@ __all__ = [
     "Profile",
     "ProfileError",
     "Response",
+    "Review",
+    "SQLiteAuditStore",
     "ScenarioError",
     "ScenarioResult",
     "ScenarioSpec",
     "ScriptedAgent",
+    "SupervisionConfig",
     "TraceEntry",
     "Turn",
     "Verdict",
     "__version__",
     "builtin_profiles",
+    "load_or_create_key",
     "load_profile",
     "load_scenario",
+    "replay",
     "run_scenario",
 ]

@@ -24,6 +24,7 @@ class Events:
     AGENT_FAILED = "agent.failed"
     AGENT_DONE = "agent.done"
     GATE_VERDICT = "gate.verdict"
+    REVIEW_VERDICT = "review.verdict"
     EXEC_REQUESTED = "exec.requested"  # supervisor -> executor
     EXEC_OBSERVED = "exec.observed"  # executor -> supervisor
     EXECUTOR_FAILED = "executor.failed"

@@ -121,6 +121,17 @@ class Gate:
                 self._awaiting = spec
         return Decision(number, verdict, message, None, step, spec, payload)
 
+    def parse(self, raw: str | bytes | Mapping[str, Any] | AgentStep) -> AgentStep | None:
+        """The step ``raw`` holds if it is well formed under the profile, else ``None``."""
+        parsed = self._parse(raw)
+        return parsed[0] if isinstance(parsed, tuple) else None
+
+    def withhold(self, message: str, detail: str | None = None) -> Decision:
+        """Count a step that a layer above the gate did not let through: masks stay as they are."""
+        self.step_count += 1
+        self._awaiting = None
+        return Decision(self.step_count, Verdict.CONTINUE, message, detail)
+
     def observe(self, observation: Observation) -> None:
         """Apply what really happened when the last allowed action ran."""
         if self._awaiting is None:

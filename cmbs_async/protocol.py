@@ -20,8 +20,10 @@ __all__ = [
     "AffordanceState",
     "AgentStep",
     "ArtifactPayload",
+    "Assessment",
     "Belief",
     "CommandPayload",
+    "Commitment",
     "EmptyPayload",
     "EvidenceState",
     "MasksView",
@@ -32,6 +34,7 @@ __all__ = [
     "PostureClaim",
     "PosturePayload",
     "Response",
+    "Scope",
     "Turn",
     "Verdict",
 ]
@@ -115,12 +118,42 @@ class Action(_Model):
     payload: dict[str, Any] = Field(default_factory=dict)
 
 
+class Scope(_Model):
+    """What the agent says is inside and outside the bounds of its step."""
+
+    in_bounds: str = ""
+    out_bounds: str = ""
+
+
+class Commitment(_Model):
+    """Pre-checkpoint: how the agent reads the goal for this step (seed 002)."""
+
+    interpretation: str
+    scope: Scope = Field(default_factory=Scope)
+    assumptions: tuple[str, ...] = ()
+
+
+class Assessment(_Model):
+    """Post-checkpoint: the agent's assessment of its previous executed step (seed 002)."""
+
+    commitment_met: bool
+    scope_changed: bool = False
+    confidence: float = Field(ge=0.0, le=1.0)
+    concerns: tuple[str, ...] = ()
+
+
 class AgentStep(_Model):
-    """One agent message: belief, proposed action and optional free text."""
+    """One agent message: belief, proposed action and optional free text.
+
+    ``commitment`` and ``assessment`` are optional checkpoints for the review layer;
+    agents that send neither work unchanged.
+    """
 
     belief: Belief
     action: Action
     free_text: str | None = None
+    commitment: Commitment | None = None
+    assessment: Assessment | None = None
 
 
 class Output(_Model):
@@ -183,7 +216,11 @@ class MasksView(_Model):
 
 
 class Response(_Model):
-    """The supervisor's answer to one agent step: neutral and procedural."""
+    """The supervisor's answer to one agent step: neutral and procedural.
+
+    ``correction`` carries a review's guidance (REORIENT, or a human's modification);
+    the gate itself never writes one.
+    """
 
     step: int
     verdict: Verdict
@@ -191,6 +228,7 @@ class Response(_Model):
     detail: str | None = None
     masks: MasksView
     last_observation: Observation | None = None
+    correction: str | None = None
 
 
 class Turn(_Model):

@@ -21,6 +21,9 @@ class Outcome(StrEnum):
     AGENT_FINISHED = "agent_finished"
     AGENT_ERROR = "agent_error"
     EXECUTOR_ERROR = "executor_error"
+    PAUSED_NO_HUMAN = "paused_no_human"
+    ABORTED_BY_HUMAN = "aborted_by_human"
+    AUDIT_ERROR = "audit_error"
 
 
 class TraceEntry(BaseModel):
@@ -50,6 +53,7 @@ class ScenarioResult(BaseModel):
     reason: str | None = None
     masks: MasksView
     workdir: str | None = None
+    session_id: str | None = None
 
     @property
     def earned(self) -> bool:
@@ -66,6 +70,7 @@ class ScenarioResult(BaseModel):
             "duration_s": round(self.duration_s, 4),
             "reason": self.reason,
             "workdir": self.workdir,
+            "session_id": self.session_id,
             "trace": [
                 {
                     "step": t.step,

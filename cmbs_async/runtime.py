@@ -4,16 +4,24 @@ The actors are anyio tasks in one task group, joined only by memory object strea
 
     agent --steps--> supervisor --requests--> executor
     agent <--turns-- supervisor <--observations-- executor
+                         |
+                         +--records--> audit sink (optional)
 
 The task group sits in one cancel scope whose deadline is the scenario's budget. When
-it fires every actor is cancelled; executors kill what they started in shielded cleanup.
+it fires every actor is cancelled; executors kill what they started in shielded cleanup,
+and the run's end is recorded after the scope, shielded and bounded.
 """
 
 from __future__ import annotations
 
+import base64
+import json
+import uuid
 from collections import Counter
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -21,11 +29,23 @@ from structlog.contextvars import bound_contextvars
 
 from ._streams import receive, send
 from .agents.base import Agent, AgentMessage
+from .audit.sqlite import AuditError
+from .audit.store import AuditStore, Entry
+from .audit.writer import AuditWriter, open_audit_writer
 from .events import Events, logger
 from .gate import Decision, Gate
 from .profile import Profile, load_profile
-from .protocol import ArtifactPayload, CommandPayload, Observation, Response, Turn, Verdict
+from .protocol import (
+    AgentStep,
+    ArtifactPayload,
+    CommandPayload,
+    Observation,
+    Response,
+    Turn,
+    Verdict,
+)
 from .result import Outcome, ScenarioResult, TraceEntry
+from .review.layer import REORIENTED, Review, ReviewAction, ReviewLayer
 from .scenario import ScenarioSpec
 
 if TYPE_CHECKING:
@@ -47,6 +67,11 @@ class _Failed:
     reason: str
 
 
+class _NoAudit:
+    async def write(self, *entries: Entry) -> None:
+        return None
+
+
 @dataclass
 class _Run:
     """The supervisor's record of the run; read by ``run_scenario`` once the actors end."""
@@ -54,17 +79,19 @@ class _Run:
     spec: ScenarioSpec
     gate: Gate
     max_steps: int
+    review: ReviewLayer | None
+    audit: AuditWriter | _NoAudit
     trace: list[TraceEntry] = field(default_factory=list)
     outcome: Outcome | None = None
     reason: str | None = None
 
-    def finish(self, outcome: Outcome, reason: str | None = None) -> None:
-        if self.outcome is None:
-            self.outcome, self.reason = outcome, reason
-
     def __post_init__(self) -> None:
         self._goal = self.spec.rendered_goal()
         self._actions = tuple(self.gate.profile.actions)
+
+    def finish(self, outcome: Outcome, reason: str | None = None) -> None:
+        if self.outcome is None:
+            self.outcome, self.reason = outcome, reason
 
     def turn(self, response: Response | None) -> Turn:
         return Turn(
@@ -86,12 +113,17 @@ async def run_scenario(
     deadline: float | None = None,
     max_steps: int | None = None,
     keep_workdir: bool = False,
+    review: Review | None = None,
+    audit: AuditStore | None = None,
+    session_id: str | None = None,
 ) -> ScenarioResult:
     """Run one scenario to its end and report how it ended.
 
     ``executor`` defaults to a :class:`executors.LocalExecutor`; ``deadline`` (seconds)
     and ``max_steps`` override the spec's. A temporary workdir (the spec names none) is
-    removed afterwards unless ``keep_workdir``.
+    removed afterwards unless ``keep_workdir``. ``review`` turns the review layer on;
+    ``audit`` records every step, review, decision and observation, each durable before
+    it takes effect, under ``session_id`` (a new one by default).
     """
     from executors.base import Executor, ExecutorError  # composition root
 
@@ -101,32 +133,43 @@ async def run_scenario(
         executor = LocalExecutor()
     if not isinstance(executor, Executor):
         raise TypeError(f"{type(executor).__name__} does not implement the executor protocol")
-    run = _Run(
-        spec=spec,
-        gate=Gate(profile or load_profile(spec.profile)),
-        max_steps=max_steps or spec.max_steps,
-    )
+    profile = profile or load_profile(spec.profile)
+    session_id = session_id or uuid.uuid4().hex
     budget = deadline if deadline is not None else spec.deadline_s
     started = anyio.current_time()
     workdir: str | None = None
 
     with bound_contextvars(scenario_id=spec.id):
-        logger.info(Events.SCENARIO_STARTED, deadline_s=budget, max_steps=run.max_steps)
-        with anyio.CancelScope(deadline=started + budget) as scope:
-            try:
-                workdir = await executor.prepare(spec.workdir, spec.files)
-            except ExecutorError as exc:
-                run.finish(Outcome.EXECUTOR_ERROR, str(exc))
-            else:
-                await _actors(run, agent, executor, workdir)
-        if scope.cancelled_caught:
-            run.finish(Outcome.DEADLINE_EXCEEDED, f"deadline of {budget:g} s exceeded")
-        run.finish(Outcome.AGENT_FINISHED)
-        if workdir is not None and spec.workdir is None and not keep_workdir:
+        logger.info(
+            Events.SCENARIO_STARTED, deadline_s=budget, max_steps=max_steps or spec.max_steps
+        )
+        async with _auditing(audit, session_id, spec, profile, review) as writer:
+            run = _Run(
+                spec=spec,
+                gate=Gate(profile),
+                max_steps=max_steps or spec.max_steps,
+                review=ReviewLayer(review, goal=spec.rendered_goal(), scenario_id=spec.id)
+                if review
+                else None,
+                audit=writer,
+            )
+            with anyio.CancelScope(deadline=started + budget) as scope:
+                try:
+                    workdir = await executor.prepare(spec.workdir, spec.files)
+                except ExecutorError as exc:
+                    run.finish(Outcome.EXECUTOR_ERROR, str(exc))
+                else:
+                    await _actors(run, agent, executor, workdir)
+            if scope.cancelled_caught:
+                run.finish(Outcome.DEADLINE_EXCEEDED, f"deadline of {budget:g} s exceeded")
+            run.finish(Outcome.AGENT_FINISHED)
+            if workdir is not None and spec.workdir is None and not keep_workdir:
+                with anyio.move_on_after(_CLEANUP_TIMEOUT, shield=True):
+                    await executor.cleanup(workdir)
+                workdir = None
+            result = _result(run, anyio.current_time() - started, workdir, session_id)
             with anyio.move_on_after(_CLEANUP_TIMEOUT, shield=True):
-                await executor.cleanup(workdir)
-            workdir = None
-        result = _result(run, anyio.current_time() - started, workdir)
+                await writer.write(("end", None, result.summary() | {"trace": None}))
         logger.info(
             Events.SCENARIO_FINISHED,
             outcome=result.outcome.value,
@@ -136,6 +179,26 @@ async def run_scenario(
             reason=result.reason,
         )
     return result
+
+
+@asynccontextmanager
+async def _auditing(
+    store: AuditStore | None,
+    session_id: str,
+    spec: ScenarioSpec,
+    profile: Profile,
+    review: Review | None,
+) -> AsyncIterator[AuditWriter | _NoAudit]:
+    if store is None:
+        yield _NoAudit()
+        return
+    data = {
+        "scenario": spec.model_dump(mode="json"),
+        "profile": profile.model_dump(mode="json"),
+        "review": review.config.model_dump(mode="json") if review else None,
+    }
+    async with open_audit_writer(store, session_id, data) as writer:
+        yield writer
 
 
 async def _actors(run: _Run, agent: Agent, executor: Executor, workdir: str) -> None:
@@ -214,7 +277,6 @@ async def _supervisor_actor(
     requests: MemoryObjectSendStream[Decision],
     replies: MemoryObjectReceiveStream[Observation | _Failed],
 ) -> None:
-    gate = run.gate
     async with steps, turns, requests, replies:
         logger.debug(Events.TURN_SENT, step=1)
         await send(turns, run.turn(None))
@@ -226,59 +288,158 @@ async def _supervisor_actor(
             if isinstance(said, _Failed):
                 run.finish(Outcome.AGENT_ERROR, said.reason)
                 return
-            decision = gate.decide(said.message)
-            with bound_contextvars(step=decision.step_number):
-                logger.debug(Events.STEP_RECEIVED)
-                logger.info(
-                    Events.GATE_VERDICT,
-                    action=decision.action_type,
-                    verdict=decision.verdict.value,
-                    message=decision.message,
-                    detail=decision.detail,
-                )
-                observed: Observation | None = None
-                if decision.needs_execution:
-                    logger.debug(Events.EXEC_REQUESTED, action=decision.action_type)
-                    await send(requests, decision)
-                    try:
-                        reply = await receive(replies)
-                    except anyio.EndOfStream:
-                        reply = _Failed("the executor stopped")
-                    if isinstance(reply, _Failed):
-                        run.finish(Outcome.EXECUTOR_ERROR, reply.reason)
-                        return
-                    logger.info(
-                        Events.EXEC_OBSERVED,
-                        success=reply.success,
-                        exit_status=reply.exit_status,
-                        program_found=reply.program_found,
-                        error=reply.error,
-                        duration_s=round(reply.duration_s, 4),
-                    )
-                    gate.observe(reply)
-                    observed = reply
-                run.trace.append(
-                    TraceEntry(
-                        step=decision.step_number,
-                        action=decision.action_type,
-                        verdict=decision.verdict,
-                        message=decision.message,
-                        observed=observed.summary() if observed else decision.detail,
-                    )
-                )
-                if decision.verdict is Verdict.TERMINATE:
-                    run.finish(Outcome.TERMINATED)
+            with bound_contextvars(step=run.gate.step_count + 1):
+                try:
+                    response = await _supervise(run, said.message, requests, replies)
+                except AuditError as exc:
+                    run.finish(Outcome.AUDIT_ERROR, str(exc))
                     return
-                if gate.step_count >= run.max_steps:
-                    run.finish(
-                        Outcome.STEP_BUDGET_EXHAUSTED, f"step budget of {run.max_steps} used up"
-                    )
-                    return
-                logger.debug(Events.TURN_SENT, step=gate.step_count + 1)
-                await send(turns, run.turn(gate.response(decision)))
+            if response is None:
+                return
+            logger.debug(Events.TURN_SENT, step=run.gate.step_count + 1)
+            await send(turns, run.turn(response))
 
 
-def _result(run: _Run, duration: float, workdir: str | None) -> ScenarioResult:
+async def _supervise(
+    run: _Run,
+    message: AgentMessage,
+    requests: MemoryObjectSendStream[Decision],
+    replies: MemoryObjectReceiveStream[Observation | _Failed],
+) -> Response | None:
+    """One step: record it, review it, let the gate decide, execute, observe.
+
+    Returns the response for the agent, or ``None`` once the run has ended.
+    """
+    gate, review = run.gate, run.review
+    number = gate.step_count + 1
+    logger.debug(Events.STEP_RECEIVED)
+    parsed = gate.parse(message) if review is not None else None
+    flags = review.state.flags(parsed) if review is not None and parsed is not None else ()
+    step_data = _raw_record(message)
+    if flags:
+        step_data["flags"] = [flag.model_dump(mode="json") for flag in flags]
+    await run.audit.write(("step", number, step_data))
+
+    correction: str | None = None
+    decision: Decision | None = None
+    if review is not None and parsed is not None:
+        supervision = await review.assess(number, parsed, flags)
+        if supervision is not None:
+            await run.audit.write(("supervision", number, supervision.model_dump(mode="json")))
+            logger.info(
+                Events.REVIEW_VERDICT,
+                verdict=supervision.verdict.value,
+                action=supervision.action.value,
+                fail_closed=supervision.fail_closed,
+                flags=[flag.trigger for flag in flags],
+            )
+            if supervision.action is ReviewAction.ABORT:
+                run.finish(Outcome.ABORTED_BY_HUMAN, supervision.reasoning)
+                return None
+            if supervision.action is ReviewAction.PAUSED_NO_HUMAN:
+                run.finish(Outcome.PAUSED_NO_HUMAN, supervision.reasoning)
+                return None
+            if supervision.action is ReviewAction.REORIENT:
+                decision = gate.withhold(REORIENTED)
+                correction = supervision.correction
+    if decision is None:
+        decision = gate.decide(parsed if parsed is not None else message)
+
+    await run.audit.write(
+        (
+            "decision",
+            number,
+            {
+                "action": decision.action_type,
+                "verdict": decision.verdict.value,
+                "message": decision.message,
+                "detail": decision.detail,
+            },
+        )
+    )
+    logger.info(
+        Events.GATE_VERDICT,
+        action=decision.action_type,
+        verdict=decision.verdict.value,
+        message=decision.message,
+        detail=decision.detail,
+    )
+    observed = None
+    if decision.needs_execution:
+        observed = await _execute(run, decision, requests, replies)
+        if observed is None:
+            return None
+        if review is not None and decision.step is not None:
+            review.state.note_executed(number, decision.step, observed)
+    run.trace.append(
+        TraceEntry(
+            step=number,
+            action=decision.action_type,
+            verdict=decision.verdict,
+            message=decision.message,
+            observed=observed.summary() if observed else decision.detail,
+        )
+    )
+    if decision.verdict is Verdict.TERMINATE:
+        run.finish(Outcome.TERMINATED)
+        return None
+    if gate.step_count >= run.max_steps:
+        run.finish(Outcome.STEP_BUDGET_EXHAUSTED, f"step budget of {run.max_steps} used up")
+        return None
+    response = gate.response(decision)
+    if correction is not None:
+        response = response.model_copy(update={"correction": correction})
+    return response
+
+
+async def _execute(
+    run: _Run,
+    decision: Decision,
+    requests: MemoryObjectSendStream[Decision],
+    replies: MemoryObjectReceiveStream[Observation | _Failed],
+) -> Observation | None:
+    logger.debug(Events.EXEC_REQUESTED, action=decision.action_type)
+    await send(requests, decision)
+    try:
+        reply = await receive(replies)
+    except anyio.EndOfStream:
+        reply = _Failed("the executor stopped")
+    if isinstance(reply, _Failed):
+        run.finish(Outcome.EXECUTOR_ERROR, reply.reason)
+        return None
+    logger.info(
+        Events.EXEC_OBSERVED,
+        success=reply.success,
+        exit_status=reply.exit_status,
+        program_found=reply.program_found,
+        error=reply.error,
+        duration_s=round(reply.duration_s, 4),
+    )
+    await run.audit.write(("observation", decision.step_number, reply.model_dump(mode="json")))
+    run.gate.observe(reply)
+    return reply
+
+
+def _raw_record(message: AgentMessage) -> dict[str, Any]:
+    """The agent's message as it arrived, in a form replay can feed to the gate again."""
+    if isinstance(message, str):
+        return {"raw": message}
+    if isinstance(message, bytes | bytearray):
+        try:
+            return {"raw": bytes(message).decode("utf-8")}
+        except UnicodeDecodeError:
+            return {"raw_b64": base64.b64encode(bytes(message)).decode()}
+    if isinstance(message, AgentStep):
+        return {"raw": message.model_dump_json()}
+    if isinstance(message, Mapping):
+        try:
+            return {"raw": json.dumps(dict(message), sort_keys=True)}
+        except (TypeError, ValueError):
+            return {"raw": repr(message), "unserialisable": True}
+    return {"raw": repr(message), "unserialisable": True}
+
+
+def _result(run: _Run, duration: float, workdir: str | None, session_id: str) -> ScenarioResult:
     counts = Counter(entry.verdict for entry in run.trace)
     assert run.outcome is not None
     return ScenarioResult(
@@ -292,4 +453,5 @@ def _result(run: _Run, duration: float, workdir: str | None) -> ScenarioResult:
         reason=run.reason,
         masks=run.gate.masks_view,
         workdir=workdir,
+        session_id=session_id,
     )

@@ -16,3 +16,11 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def data() -> Path:
     return DATA
+
+
+@pytest.fixture(autouse=True)
+def _private_data_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Audit databases and signing keys of CLI runs go to a temporary data dir, not ~."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("data")))

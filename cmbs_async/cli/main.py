@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -15,11 +16,15 @@ from typing import Any, NoReturn
 import anyio
 
 from ..agents import Agent
+from ..audit import AuditError, SQLiteAuditStore, default_data_dir, load_or_create_key
+from ..audit.signing import KeyError_ as SigningKeyError
 from ..demo import demo_agent, demo_scenario
 from ..profile import ProfileError, builtin_profiles, load_profile
 from ..result import ScenarioResult
+from ..review import ConfigError, ConsoleHuman, OpenAIReviewer, Review, load_config
 from ..runtime import run_scenario
 from ..scenario import ScenarioError, ScenarioSpec, load_scenario
+from .audit import AuditUsageError, add_audit_commands, run_audit_command
 from .logs import LEVELS, configure_logging
 from .render import render_result
 from .specs import SpecError, agent_from_spec, executor_from_spec
@@ -61,10 +66,23 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--log-level", choices=LEVELS, default="warning")
     common.add_argument("--log-format", choices=("console", "json"), default="console")
 
+    recorded = _Parser(add_help=False)
+    recorded.add_argument(
+        "--audit-db", help=f"SQLite audit database (default {default_data_dir() / 'audit.db'})"
+    )
+    recorded.add_argument("--no-audit", action="store_true", help="record nothing")
+    recorded.add_argument(
+        "--signing-key",
+        help="Ed25519 key file, made 0600 on first use "
+        f"(default {default_data_dir() / 'signing_key'})",
+    )
+
     parser = _Parser(prog="cmbs", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    sub.add_parser("demo", parents=[common], help="run the built-in scenario with a scripted agent")
-    run = sub.add_parser("run", parents=[common], help="run a scenario file")
+    sub.add_parser(
+        "demo", parents=[common, recorded], help="run the built-in scenario with a scripted agent"
+    )
+    run = sub.add_parser("run", parents=[common, recorded], help="run a scenario file")
     run.add_argument("scenario", help="scenario file (YAML or JSON)")
     run.add_argument("--agent", required=True, help="script:STEPS.jsonl")
     run.add_argument(
@@ -82,8 +100,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--deadline", type=_positive(float), help="seconds (overrides the file)")
     run.add_argument("--max-steps", type=_positive(int), help="overrides the file")
     run.add_argument("--workdir", help="run in this directory and keep it")
+    run.add_argument("--config", help="TOML file with a [supervision] table: turns review on")
+    run.add_argument(
+        "--human", choices=("none", "console"), default="none", help="who answers a PAUSE"
+    )
     schema = sub.add_parser("schema", help="print the JSON Schema of an agent step")
     schema.add_argument("--profile", default="ciso", help=f"one of {builtin_profiles()} or a file")
+    add_audit_commands(sub)
     return parser
 
 
@@ -93,20 +116,57 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "schema":
             print(json.dumps(load_profile(args.profile).step_json_schema(), indent=2))
             return 0
+        if args.command in ("audit", "replay"):
+            return run_audit_command(args)
         configure_logging(args.log_level, args.log_format)
-        spec, agent, executor, overrides = _prepare(args)
-        result = anyio.run(_run, spec, agent, executor, overrides, backend=args.backend)
-    except (UsageError, SpecError, ScenarioError, ProfileError) as exc:
+        spec, agent, executor, options = _prepare(args)
+        store = _audit_store(args)
+        try:
+            result = anyio.run(
+                _run, spec, agent, executor, options | {"audit": store}, backend=args.backend
+            )
+        finally:
+            if store is not None:
+                store.close()
+    except (
+        UsageError,
+        SpecError,
+        ScenarioError,
+        ProfileError,
+        ConfigError,
+        AuditError,
+        AuditUsageError,
+        SigningKeyError,
+    ) as exc:
         print(f"cmbs {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"cmbs {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader went away (`| head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     if args.json:
-        print(json.dumps(result.summary(), indent=2))
+        print(json.dumps(result.summary() | {"audit_db": _audit_path(args)}, indent=2))
     else:
         print(render_result(result))
+        if store is not None:
+            print(f"audit     session {result.session_id} in {store.path}")
     return EXIT_EARNED if result.earned else EXIT_NOT_EARNED
+
+
+def _audit_path(args: argparse.Namespace) -> str | None:
+    if args.no_audit:
+        return None
+    return str(args.audit_db or default_data_dir() / "audit.db")
+
+
+def _audit_store(args: argparse.Namespace) -> SQLiteAuditStore | None:
+    path = _audit_path(args)
+    if path is None:
+        return None
+    key = load_or_create_key(args.signing_key or default_data_dir() / "signing_key")
+    return SQLiteAuditStore(path, key=key)
 
 
 def _prepare(args: argparse.Namespace) -> tuple[ScenarioSpec, Agent, object, dict[str, Any]]:
@@ -116,7 +176,15 @@ def _prepare(args: argparse.Namespace) -> tuple[ScenarioSpec, Agent, object, dic
     load_profile(spec.profile)  # an unknown profile is the user's mistake: say so now
     if args.workdir:
         spec = spec.model_copy(update={"workdir": args.workdir})
-    overrides = {"deadline": args.deadline, "max_steps": args.max_steps}
+    overrides: dict[str, Any] = {"deadline": args.deadline, "max_steps": args.max_steps}
+    if args.config:
+        config = load_config(args.config)
+        if not config.base_url:
+            raise UsageError(f"{args.config}: supervision.base_url is needed for the reviewer")
+        human = ConsoleHuman() if args.human == "console" else None
+        overrides["review"] = Review(reviewer=OpenAIReviewer(config), config=config, human=human)
+    elif args.human != "none":
+        raise UsageError("--human needs --config (a review layer to pause)")
     where = args.executor or spec.host or "local"
     if where.startswith("ssh://") and args.backend != "asyncio":
         raise UsageError("the SSH executor needs --backend asyncio (asyncssh does not run on trio)")

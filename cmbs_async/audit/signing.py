@@ -1,0 +1,94 @@
+"""Ed25519 signing keys and canonical JSON, for the tamper-evident audit trail."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+__all__ = [
+    "KeyError_",
+    "canonical",
+    "default_data_dir",
+    "digest",
+    "load_or_create_key",
+    "load_public_key",
+    "public_key_text",
+    "verify_signature",
+]
+
+
+class KeyError_(ValueError):  # noqa: N801 - KeyError is a builtin with another meaning
+    """A signing key that cannot be used; the message is one line."""
+
+
+def default_data_dir() -> Path:
+    """``$XDG_DATA_HOME/cmbs``, else ``~/.local/share/cmbs``."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "share"
+    )
+    return Path(base) / "cmbs"
+
+
+def canonical(value: Any) -> bytes:
+    """Canonical JSON: sorted keys, no spaces, UTF-8."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def load_or_create_key(path: str | Path) -> Ed25519PrivateKey:
+    """Load the key at ``path``, or create it there with mode 0600 on first use.
+
+    A key file readable by group or others is refused rather than used.
+    """
+    path = Path(path)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        key = Ed25519PrivateKey.generate()
+        pem = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(pem)
+        return key
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise KeyError_(f"signing key {path} has mode {mode:04o}; it must be 0600")
+    try:
+        loaded = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except (ValueError, TypeError, OSError) as exc:
+        raise KeyError_(f"signing key {path} cannot be read as a PEM private key") from exc
+    if not isinstance(loaded, Ed25519PrivateKey):
+        raise KeyError_(f"signing key {path} is not an Ed25519 key")
+    return loaded
+
+
+def public_key_text(key: Ed25519PrivateKey) -> str:
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return base64.b64encode(raw).decode()
+
+
+def load_public_key(text: str) -> Ed25519PublicKey:
+    return Ed25519PublicKey.from_public_bytes(base64.b64decode(text))
+
+
+def verify_signature(public: Ed25519PublicKey, signature: str, data: bytes) -> bool:
+    try:
+        public.verify(base64.b64decode(signature), data)
+    except (InvalidSignature, ValueError):
+        return False
+    return True

