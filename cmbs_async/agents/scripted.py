@@ -28,6 +28,10 @@ class ScriptedAgent:
         text = Path(path).read_text("utf-8")
         return cls(line for line in text.splitlines() if line.strip())
 
+    @property
+    def messages(self) -> tuple[AgentMessage, ...]:
+        return tuple(self._messages)
+
     def __len__(self) -> int:
         return len(self._messages)
 

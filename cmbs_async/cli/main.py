@@ -18,6 +18,7 @@ import anyio
 from ..agents import Agent
 from ..audit import AuditError, SQLiteAuditStore, default_data_dir, load_or_create_key
 from ..audit.signing import KeyError_ as SigningKeyError
+from ..batch import BatchError
 from ..demo import demo_agent, demo_scenario
 from ..profile import ProfileError, builtin_profiles, load_profile
 from ..result import ScenarioResult
@@ -25,6 +26,7 @@ from ..review import ConfigError, ConsoleHuman, OpenAIReviewer, Review, load_con
 from ..runtime import run_scenario
 from ..scenario import ScenarioError, ScenarioSpec, load_scenario
 from .audit import AuditUsageError, add_audit_commands, run_audit_command
+from .batch import add_batch_command, run_batch_command
 from .logs import LEVELS, configure_logging
 from .render import render_result
 from .specs import SpecError, agent_from_spec, executor_from_spec
@@ -59,12 +61,17 @@ def _positive(kind: type[int] | type[float]) -> Any:
     return parse
 
 
-def _parser() -> argparse.ArgumentParser:
+def _common(backends: tuple[str, ...] = ("asyncio", "trio")) -> _Parser:
     common = _Parser(add_help=False)
-    common.add_argument("--json", action="store_true", help="print one JSON object")
-    common.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    common.add_argument("--backend", choices=backends, default="asyncio")
     common.add_argument("--log-level", choices=LEVELS, default="warning")
     common.add_argument("--log-format", choices=("console", "json"), default="console")
+    return common
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = _common()
+    common.add_argument("--json", action="store_true", help="print one JSON object")
 
     recorded = _Parser(add_help=False)
     recorded.add_argument(
@@ -107,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="print the JSON Schema of an agent step")
     schema.add_argument("--profile", default="ciso", help=f"one of {builtin_profiles()} or a file")
     add_audit_commands(sub)
+    add_batch_command(sub, _common(("asyncio", "trio", "ray")))
     return parser
 
 
@@ -119,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("audit", "replay"):
             return run_audit_command(args)
         configure_logging(args.log_level, args.log_format)
+        if args.command == "batch":
+            return run_batch_command(args)
         spec, agent, executor, options = _prepare(args)
         store = _audit_store(args)
         try:
@@ -137,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         AuditError,
         AuditUsageError,
         SigningKeyError,
+        BatchError,
     ) as exc:
         print(f"cmbs {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

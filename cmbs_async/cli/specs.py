@@ -3,28 +3,36 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..agents import Agent, ScriptedAgent
 
-__all__ = ["SpecError", "agent_from_spec", "executor_from_spec"]
+__all__ = ["SpecError", "agent_factory", "agent_from_spec", "executor_from_spec"]
 
 
 class SpecError(ValueError):
     """A spec the command line cannot use; the message is one line for the user."""
 
 
-def agent_from_spec(spec: str) -> Agent:
-    """``script:STEPS.jsonl``: a scripted agent replaying that file."""
+def agent_factory(spec: str) -> Callable[[], Agent]:
+    """A maker of fresh agents for ``spec``; the spec's files are read once, now.
+
+    ``script:STEPS.jsonl``: a scripted agent replaying that file.
+    """
     kind, sep, rest = spec.partition(":")
     if kind == "script" and sep and rest:
         try:
-            return ScriptedAgent.from_jsonl(rest)
+            lines = ScriptedAgent.from_jsonl(rest).messages
         except OSError as exc:
             raise SpecError(f"--agent {spec}: cannot read {rest}: {exc.strerror or exc}") from exc
         except UnicodeDecodeError as exc:
             raise SpecError(f"--agent {spec}: {rest} is not UTF-8 text") from exc
+        return lambda: ScriptedAgent(lines)
     raise SpecError(f"--agent {spec!r}: expected script:STEPS.jsonl")
+
+
+def agent_from_spec(spec: str) -> Agent:
+    return agent_factory(spec)()
 
 
 def executor_from_spec(

@@ -1,0 +1,64 @@
+"""A batch: every scenario file times every agent spec times every repeat."""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..scenario import ScenarioSpec, load_scenario
+
+__all__ = ["BatchError", "Job", "expand_scenarios", "plan"]
+
+_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+class BatchError(ValueError):
+    """A batch that cannot be planned or run; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of a batch. ``key`` names it in the results file, for resuming."""
+
+    scenario_file: str
+    spec: ScenarioSpec
+    agent: str
+    repeat: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.scenario_file}|{self.agent}|{self.repeat}"
+
+
+def expand_scenarios(inputs: Sequence[str]) -> list[Path]:
+    """Files as given, directories searched for scenario files, globs expanded."""
+    found: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            matches = sorted(p for p in path.rglob("*") if p.suffix in _SUFFIXES and p.is_file())
+        elif path.is_file():
+            matches = [path]
+        else:
+            matches = sorted(Path(p) for p in glob.glob(item, recursive=True) if Path(p).is_file())
+        if not matches:
+            raise BatchError(f"no scenario files at {item}")
+        found += [m for m in matches if m not in found]
+    return found
+
+
+def plan(inputs: Sequence[str], agents: Sequence[str], repeat: int) -> list[Job]:
+    """Load and validate every scenario before anything runs."""
+    if repeat < 1:
+        raise BatchError("--repeat must be at least 1")
+    if not agents:
+        raise BatchError("at least one --agent is needed")
+    specs = [(str(path), load_scenario(path)) for path in expand_scenarios(inputs)]
+    return [
+        Job(scenario_file=file, spec=spec, agent=agent, repeat=r)
+        for file, spec in specs
+        for agent in agents
+        for r in range(repeat)
+    ]

@@ -1,0 +1,64 @@
+"""Progress of a batch: a live bar on a terminal, a plain line per run otherwise."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+__all__ = ["Progress"]
+
+
+class Progress:
+    def __init__(self, total: int, *, already: int = 0, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.live = self.stream.isatty()
+        self.total = total
+        self.done = already
+        self.failed = 0
+        self.running = 0
+        self.started = time.monotonic()
+        self._ran = 0
+        self._last_draw = 0.0
+
+    def start(self) -> None:
+        self.running += 1
+        self._draw()
+
+    def finish(self, record: dict[str, Any]) -> None:
+        self.running -= 1
+        self.done += 1
+        self._ran += 1
+        if record.get("outcome") != "terminated":
+            self.failed += 1
+        if self.live:
+            self._draw()
+        else:
+            self.stream.write(
+                f"[{self.done}/{self.total}] {record.get('scenario_id')} {record.get('agent')} "
+                f"#{record.get('repeat')}: {record.get('outcome')} "
+                f"({float(record.get('duration_s') or 0):.2f} s)\n"
+            )
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.live:
+            self._draw(force=True)
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def _draw(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.live or (not force and now - self._last_draw < 0.1):
+            return
+        self._last_draw = now
+        elapsed = now - self.started
+        left = self.total - self.done
+        eta = f"{elapsed / self._ran * left:.0f}s" if self._ran else "?"
+        width = 30
+        filled = int(width * self.done / self.total) if self.total else width
+        self.stream.write(
+            f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} done, "
+            f"{self.running} running, {self.failed} not earned, {elapsed:.0f}s elapsed, ETA {eta} "
+        )
+        self.stream.flush()

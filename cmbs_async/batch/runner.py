@@ -1,0 +1,85 @@
+"""The local batch runner: every job of a batch, at most ``concurrency`` at a time, in one
+event loop. A run that fails, hangs or crashes its agent never stops the others."""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from ..agents import Agent
+from ..audit.store import AuditStore
+from ..runtime import run_scenario
+from .jobs import Job
+from .progress import Progress
+from .results import ResultLog, error_record, result_record
+
+__all__ = ["BatchReport", "run_batch", "tune_gc_for_batches"]
+
+
+def tune_gc_for_batches() -> None:
+    """Collect garbage less often: with thousands of scenarios alive, every full collection
+    walks all of them, and the default thresholds run one every few hundred steps.
+
+    A process-wide setting, so the library never applies it by itself; ``cmbs batch`` does.
+    """
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 100)
+
+
+@dataclass
+class BatchReport:
+    records: list[dict[str, Any]] = field(default_factory=list)
+    skipped: int = 0
+    interrupted: bool = False
+
+
+async def run_batch(
+    jobs: Sequence[Job],
+    *,
+    agents: Callable[[str], Callable[[], Agent]],
+    executor: object,
+    concurrency: int,
+    log: ResultLog | None = None,
+    progress: Progress | None = None,
+    audit: AuditStore | None = None,
+) -> BatchReport:
+    """Run the jobs ``log`` has no result for yet; each result is written as it finishes.
+
+    ``agents(spec)`` gives a factory of fresh agents for an agent spec.
+    """
+    report = BatchReport()
+    todo = [job for job in jobs if log is None or job.key not in log.done]
+    report.skipped = len(jobs) - len(todo)
+    limiter = anyio.CapacityLimiter(max(concurrency, 1))
+    factories = {spec: agents(spec) for spec in {job.agent for job in todo}}
+
+    async def one(job: Job) -> None:
+        async with limiter:
+            if progress:
+                progress.start()
+            started = time.time()
+            try:
+                result = await run_scenario(
+                    job.spec,
+                    agent=factories[job.agent](),
+                    executor=executor,  # type: ignore[arg-type]
+                    audit=audit,
+                )
+                record = result_record(job, result, started, time.time())
+            except Exception as exc:  # a bug or a broken job: record it, go on
+                record = error_record(job, f"{type(exc).__name__}: {exc}", started, time.time())
+            report.records.append(record)
+            if log is not None:
+                log.append(record)
+            if progress:
+                progress.finish(record)
+
+    async with anyio.create_task_group() as tg:
+        for job in todo:
+            tg.start_soon(one, job)
+    return report

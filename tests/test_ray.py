@@ -1,0 +1,85 @@
+"""The Ray backend on a local Ray cluster started by the test (marker ``ray``): the same
+batch gives the same results as the local backend."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .helpers import step
+
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.skipif(
+        importlib.util.find_spec("ray") is None and not os.environ.get("CI"),
+        reason="install the ray extra: pip install -e '.[ray]'",
+    ),
+]
+
+
+def test_a_small_batch_on_ray_matches_the_local_backend(tmp_path: Path) -> None:
+    folder = tmp_path / "scenarios"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"s{i}.yaml").write_text(f"id: ray-{i}\ngoal: g\ndeadline_s: 30\n")
+    good = tmp_path / "good.jsonl"
+    good.write_text(
+        "\n".join(
+            [
+                step("check_status", {"command": "echo false"}),
+                step(
+                    "declare_posture",
+                    {"posture": "non_compliant"},
+                    posture="non_compliant",
+                    evidence="successful",
+                ),
+                step("terminate", posture="non_compliant", evidence="successful"),
+            ]
+        )
+        + "\n"
+    )
+    liar = tmp_path / "liar.jsonl"
+    liar.write_text(step("declare_posture", {"posture": "compliant"}, posture="compliant") + "\n")
+    results = {}
+    for backend in ("asyncio", "ray"):
+        out = tmp_path / f"{backend}.jsonl"
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "cmbs_async",
+                "batch",
+                str(folder),
+                "--agent",
+                f"script:{good}",
+                "--agent",
+                f"script:{liar}",
+                "--repeat",
+                "2",
+                "--out",
+                str(out),
+                "--backend",
+                backend,
+                "--shards",
+                "3",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+        )
+        assert done.returncode == 3, done.stderr[-2000:]
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        results[backend] = {
+            r["key"]: (r["outcome"], r["posture"], [t["verdict"] for t in r["trace"]])
+            for r in records
+        }
+    assert len(results["ray"]) == 12
+    assert results["ray"] == results["asyncio"]
+    assert sum(o == "terminated" for o, _, _ in results["ray"].values()) == 6
