@@ -4,7 +4,15 @@ A permissive, stateful gate (CMBS) that observes execution outcomes and blocks o
 epistemically invalid moves, run as three anyio actors under one deadline.
 """
 
-from .agents import Agent, AgentMessage, CallableAgent, ScriptedAgent
+from .agents import (
+    Agent,
+    AgentMessage,
+    AgentProcessError,
+    CallableAgent,
+    OpenAIAgent,
+    ScriptedAgent,
+    StdioAgent,
+)
 from .audit import AuditStore, SQLiteAuditStore, load_or_create_key, replay
 from .gate import Decision, Gate, Messages
 from .masks import Masks
@@ -46,6 +54,7 @@ __all__ = [
     "ActionSpec",
     "Agent",
     "AgentMessage",
+    "AgentProcessError",
     "AgentStep",
     "ArtifactPayload",
     "Assessment",
@@ -62,6 +71,7 @@ __all__ = [
     "MasksView",
     "Messages",
     "Observation",
+    "OpenAIAgent",
     "OpenAIReviewer",
     "Outcome",
     "Output",
@@ -76,6 +86,7 @@ __all__ = [
     "ScenarioResult",
     "ScenarioSpec",
     "ScriptedAgent",
+    "StdioAgent",
     "SupervisionConfig",
     "TraceEntry",
     "Turn",

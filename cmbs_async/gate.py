@@ -108,7 +108,7 @@ class Gate:
             return Decision(number, Verdict.CONTINUE, Messages.INVALID_FORMAT, parsed)
         step, spec, payload = parsed
 
-        where = self.masks.inconsistency(step.belief)
+        where = self._inconsistency(step)
         if where is not None:
             return Decision(number, Verdict.CONTINUE, Messages.INCONSISTENT, where, step, spec)
         self.masks.record_claim(step.belief.posture)
@@ -182,6 +182,9 @@ class Gate:
         except ValidationError as exc:
             return f"action.payload.{validation_reason(exc)}"
         return step, spec, payload
+
+    def _inconsistency(self, step: AgentStep) -> str | None:
+        return self.masks.inconsistency(step.belief)
 
     def _legality(self, spec: ActionSpec, payload: BaseModel) -> tuple[Verdict, str]:
         masks = self.masks

@@ -116,6 +116,7 @@ async def run_scenario(
     review: Review | None = None,
     audit: AuditStore | None = None,
     session_id: str | None = None,
+    gate_class: type[Gate] = Gate,
 ) -> ScenarioResult:
     """Run one scenario to its end and report how it ended.
 
@@ -123,7 +124,8 @@ async def run_scenario(
     and ``max_steps`` override the spec's. A temporary workdir (the spec names none) is
     removed afterwards unless ``keep_workdir``. ``review`` turns the review layer on;
     ``audit`` records every step, review, decision and observation, each durable before
-    it takes effect, under ``session_id`` (a new one by default).
+    it takes effect, under ``session_id`` (a new one by default). ``gate_class`` is for
+    baselines and experiments (a gate that allows everything, say).
     """
     from executors.base import Executor, ExecutorError  # composition root
 
@@ -146,7 +148,7 @@ async def run_scenario(
         async with _auditing(audit, session_id, spec, profile, review) as writer:
             run = _Run(
                 spec=spec,
-                gate=Gate(profile),
+                gate=gate_class(profile),
                 max_steps=max_steps or spec.max_steps,
                 review=ReviewLayer(review, goal=spec.rendered_goal(), scenario_id=spec.id)
                 if review
@@ -155,7 +157,7 @@ async def run_scenario(
             )
             with anyio.CancelScope(deadline=started + budget) as scope:
                 try:
-                    workdir = await executor.prepare(spec.workdir, spec.files)
+                    workdir = await executor.prepare(spec.workdir, spec.rendered_files())
                 except ExecutorError as exc:
                     run.finish(Outcome.EXECUTOR_ERROR, str(exc))
                 else:
@@ -218,22 +220,36 @@ async def _agent_actor(
     steps: MemoryObjectSendStream[_Said | _Failed],
 ) -> None:
     async with turns, steps:
-        while True:
-            try:
-                turn = await receive(turns)
-            except anyio.EndOfStream:
-                return
-            try:
-                message = await agent.next_step(turn)
-            except Exception as exc:
-                reason = f"agent raised {type(exc).__name__}: {exc}"
-                logger.warning(Events.AGENT_FAILED, step=turn.step, reason=reason)
-                await send(steps, _Failed(reason))
-                return
-            if message is None:
-                logger.info(Events.AGENT_DONE, step=turn.step)
-                return
-            await send(steps, _Said(message))
+        try:
+            await _converse(agent, turns, steps)
+        finally:
+            close = getattr(agent, "aclose", None)
+            if close is not None:  # an agent with a process or a connection: the run used it up
+                with anyio.CancelScope(shield=True):
+                    await close()
+
+
+async def _converse(
+    agent: Agent,
+    turns: MemoryObjectReceiveStream[Turn],
+    steps: MemoryObjectSendStream[_Said | _Failed],
+) -> None:
+    while True:
+        try:
+            turn = await receive(turns)
+        except anyio.EndOfStream:
+            return
+        try:
+            message = await agent.next_step(turn)
+        except Exception as exc:
+            reason = f"agent raised {type(exc).__name__}: {exc}"
+            logger.warning(Events.AGENT_FAILED, step=turn.step, reason=reason)
+            await send(steps, _Failed(reason))
+            return
+        if message is None:
+            logger.info(Events.AGENT_DONE, step=turn.step)
+            return
+        await send(steps, _Said(message))
 
 
 async def _executor_actor(

@@ -25,7 +25,8 @@ class ScenarioSpec(BaseModel):
     """One scenario: the goal handed to the agent and the budget it runs under.
 
     ``files`` are written into the workdir before the agent's first step (the scenario's
-    starting state); ``{{ name }}`` in the goal is replaced by ``vars[name]``. ``host``
+    starting state); ``{{ name }}`` in the goal and in the files is replaced by
+    ``vars[name]`` (other ``{{ ... }}``, such as Ansible's, are left alone). ``host``
     (``ssh://USER@HOST[:PORT]``) and ``host_key`` (a pinned public key) name a remote
     target for the command line's SSH executor.
     """
@@ -46,12 +47,18 @@ class ScenarioSpec(BaseModel):
 
     def rendered_goal(self) -> str:
         """The goal with ``{{ var }}`` placeholders filled in; unknown names stay as written."""
+        return self._render(self.goal)
 
+    def rendered_files(self) -> dict[str, str]:
+        """The starting files, with ``{{ var }}`` filled in the same way."""
+        return {path: self._render(content) for path, content in self.files.items()}
+
+    def _render(self, text: str) -> str:
         def fill(match: re.Match[str]) -> str:
             name = match.group(1)
             return str(self.vars[name]) if name in self.vars else match.group(0)
 
-        return _VAR.sub(fill, self.goal)
+        return _VAR.sub(fill, text)
 
 
 def load_scenario(path: str | Path) -> ScenarioSpec:

@@ -116,7 +116,9 @@ def test_an_invalid_scenario_file_is_one_line_and_exit_2(
     ("args", "message"),
     [
         (["--agent", "script:/nonexistent.jsonl"], "cannot read /nonexistent.jsonl"),
-        (["--agent", "wizard:gpt"], "expected script:STEPS.jsonl"),
+        (["--agent", "wizard:gpt"], "expected script:STEPS.jsonl, stdio:COMMAND or openai"),
+        (["--agent", "openai:gpt"], "expected openai:MODEL@http(s)://"),
+        (["--agent", "script:SCENARIO", "--var", "novalue"], "expected NAME=VALUE"),
         (["--agent", "script:SCENARIO", "--executor", "cloud"], "expected local"),
         (
             ["--agent", "script:SCENARIO", "--executor", "ssh://u@h", "--backend", "trio"],

@@ -1,7 +1,18 @@
-"""Agents: scripted (JSONL replay) and callable (any async function)."""
+"""Agents: scripted (JSONL replay), callable (any async function), stdio (any program),
+and a language model behind any OpenAI-compatible endpoint."""
 
 from .base import Agent, AgentMessage
 from .callable import CallableAgent
+from .openai import OpenAIAgent
 from .scripted import ScriptedAgent
+from .stdio import AgentProcessError, StdioAgent
 
-__all__ = ["Agent", "AgentMessage", "CallableAgent", "ScriptedAgent"]
+__all__ = [
+    "Agent",
+    "AgentMessage",
+    "AgentProcessError",
+    "CallableAgent",
+    "OpenAIAgent",
+    "ScriptedAgent",
+    "StdioAgent",
+]

@@ -91,7 +91,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     run = sub.add_parser("run", parents=[common, recorded], help="run a scenario file")
     run.add_argument("scenario", help="scenario file (YAML or JSON)")
-    run.add_argument("--agent", required=True, help="script:STEPS.jsonl")
+    run.add_argument(
+        "--agent",
+        required=True,
+        help="script:STEPS.jsonl | stdio:COMMAND | openai:MODEL@BASE_URL",
+    )
+    run.add_argument("--var", action="append", default=[], help="NAME=VALUE: set a scenario var")
     run.add_argument(
         "--executor",
         help="local (default) or ssh://USER@HOST[:PORT] (default: the scenario's host)",
@@ -187,6 +192,14 @@ def _prepare(args: argparse.Namespace) -> tuple[ScenarioSpec, Agent, object, dic
     load_profile(spec.profile)  # an unknown profile is the user's mistake: say so now
     if args.workdir:
         spec = spec.model_copy(update={"workdir": args.workdir})
+    if args.var:
+        overrides_vars = dict(spec.vars)
+        for item in args.var:
+            name, sep, value = item.partition("=")
+            if not sep or not name:
+                raise UsageError(f"--var {item!r}: expected NAME=VALUE")
+            overrides_vars[name] = value
+        spec = spec.model_copy(update={"vars": overrides_vars})
     overrides: dict[str, Any] = {"deadline": args.deadline, "max_steps": args.max_steps}
     if args.config:
         config = load_config(args.config)

