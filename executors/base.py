@@ -17,6 +17,7 @@ __all__ = [
     "PathRefused",
     "confine",
     "refused_artifact",
+    "seed_files",
 ]
 
 DEFAULT_OUTPUT_CAP = 64 * 1024
@@ -70,6 +71,14 @@ def confine(path: str) -> PurePosixPath:
     if not pure.parts or pure.name in ("", "."):
         raise PathRefused(f"artifact path {path!r} names no file")
     return pure
+
+
+async def seed_files(executor: Executor, workdir: str, files: Mapping[str, str]) -> None:
+    """Write a scenario's starting files; one that cannot be written breaks the executor."""
+    for path, content in files.items():
+        observation = await executor.write_artifact(workdir, path, content)
+        if not observation.success:
+            raise ExecutorError(f"cannot seed scenario file: {observation.error}")
 
 
 def refused_artifact(path: str, reason: str) -> Observation:

@@ -23,6 +23,7 @@ from .base import (
     PathRefused,
     confine,
     refused_artifact,
+    seed_files,
 )
 
 __all__ = ["LocalExecutor"]
@@ -59,10 +60,7 @@ class LocalExecutor:
                 await anyio.Path(workdir).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ExecutorError(f"cannot create workdir {workdir}: {exc.strerror}") from exc
-        for path, content in files.items():
-            observation = await self.write_artifact(workdir, path, content)
-            if not observation.success:
-                raise ExecutorError(f"cannot seed scenario file: {observation.error}")
+        await seed_files(self, workdir, files)
         return workdir
 
     async def cleanup(self, workdir: str) -> None:

