@@ -39,7 +39,12 @@ def add_batch_command(sub: Any, common: argparse.ArgumentParser) -> None:
         help="run many scenarios with one or more agents, resumably",
     )
     batch.add_argument("scenarios", nargs="+", help="scenario files, directories or globs")
-    batch.add_argument("--agent", action="append", required=True, help="repeatable: script:F")
+    batch.add_argument(
+        "--agent",
+        action="append",
+        required=True,
+        help="repeatable: script:F | stdio:CMD | openai:M@URL",
+    )
     batch.add_argument("--repeat", type=int, default=1, help="runs per scenario and agent")
     batch.add_argument("--concurrency", type=int, default=8, help="scenarios in flight")
     batch.add_argument("--out", default="cmbs-batch.jsonl", help="results, one JSON line a run")

@@ -84,7 +84,10 @@ def _parser() -> argparse.ArgumentParser:
         f"(default {default_data_dir() / 'signing_key'})",
     )
 
-    parser = _Parser(prog="cmbs", description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="cmbs",
+        description="Run language-model agents on compliance scenarios under the CMBS gate.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser(
         "demo", parents=[common, recorded], help="run the built-in scenario with a scripted agent"
