@@ -4,9 +4,9 @@ Run: ``python benchmarks/batch_scale.py``. Scripted agents, the no-op executor, 
 filtered at WARNING. Prints:
 
 (a) aggregate steps per second with 1, 100, 1,000 and 10,000 scenarios in flight (2,000
-    scenarios, or 10,000, under a capacity limit), and the ratio to scenarios run one
-    after another in a loop; with ``cmbs batch``'s GC thresholds, and once with the
-    interpreter's defaults;
+    scenarios, or 10,000, under a capacity limit), and the ratio to as many scenarios run
+    one after another in a loop, each pair measured back to back, median of the rounds;
+    with ``cmbs batch``'s GC thresholds, and once with the interpreter's defaults;
 (b) peak memory per concurrent scenario: resident memory while 10,000 scenarios are all
     alive at once (each agent waits until the last one has started), over the baseline;
 (c) the time from a deadline firing to every task of 1,000 hanging scenarios being gone.
@@ -18,6 +18,7 @@ import argparse
 import json
 import logging
 import os
+import statistics
 import time
 
 import anyio
@@ -134,6 +135,7 @@ async def cancellation(n: int, deadline: float) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
@@ -148,12 +150,18 @@ def main() -> None:
         f"(b) 10,000 scenarios alive at once: {per_kib / 1024:.1f} KiB each over the baseline; "
         f"all completed, slowest {slowest:.2f} s (deadline 120 s)"
     )
-    baseline = run(in_a_loop, 2000)
-    print(f"(a) one scenario at a time in a loop: {baseline:,.0f} steps/s")
-    print(f"    {'in flight':>10} {'steps/s':>10} {'ratio':>6}")
-    for n in (1, 100, 1000, 10_000):
-        rate = run(concurrent, max(n, 2000), n)
-        print(f"    {n:>10,} {rate:>10,.0f} {rate / baseline:6.2f}")
+    print(f"(a) median of {args.rounds} rounds, each pairing a loop with each concurrency:")
+    print(f"    {'in flight':>10} {'loop steps/s':>13} {'steps/s':>10} {'ratio':>6}")
+    rows: dict[int, list[tuple[float, float]]] = {n: [] for n in (1, 100, 1000, 10_000)}
+    for _ in range(args.rounds):  # interleaved: the machine's drift hits loop and batch alike
+        for n in rows:
+            total = max(n, 2000)
+            rows[n].append((run(in_a_loop, total), run(concurrent, total, n)))
+    for n, pairs in rows.items():
+        loop = statistics.median(p[0] for p in pairs)
+        rate = statistics.median(p[1] for p in pairs)
+        ratio = statistics.median(p[1] / p[0] for p in pairs)
+        print(f"    {n:>10,} {loop:>13,.0f} {rate:>10,.0f} {ratio:6.2f}")
     print(
         f"    with the interpreter's default GC thresholds: 1,000 in flight "
         f"{default_1000:,.0f} steps/s, ratio {default_1000 / default_loop:.2f}"

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
+
+#: The command line, as the installed ``cmbs`` runs it.
+CMBS = [sys.executable, "-m", "cmbs_async"]
 
 
 def step(

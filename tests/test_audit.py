@@ -21,7 +21,7 @@ from cmbs_async.demo import demo_agent, demo_scenario
 from cmbs_async.review import Review, ReviewVerdict, SupervisionConfig, Verdict3
 from executors import NullExecutor
 
-from .helpers import step
+from .helpers import CMBS, step
 from .test_review import ScriptedReviewer, assessed, replaying
 
 pytestmark = pytest.mark.anyio
@@ -40,9 +40,7 @@ def store(tmp_path: Path, key_path: Path) -> SQLiteAuditStore:
 
 
 def cmbs(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cmbs_async", *args], capture_output=True, text=True, timeout=60
-    )
+    return subprocess.run([*CMBS, *args], capture_output=True, text=True, timeout=60)
 
 
 async def test_a_run_is_recorded_and_verifies(store: SQLiteAuditStore) -> None:

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from cmbs_async.batch import BatchError, Job, ResultLog, plan, render_summary, r
 from cmbs_async.demo import demo_agent, demo_scenario
 from executors import LocalExecutor
 
-from .helpers import step
+from .helpers import CMBS, step
 
 DEMO_STEPS = [str(m) for m in demo_agent().messages]
 
@@ -99,7 +98,7 @@ def _batch_files(tmp_path: Path, count: int) -> tuple[Path, Path]:
 
 def cmbs_batch(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cmbs_async", "batch", *args],
+        [*CMBS, "batch", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -110,9 +109,7 @@ def test_resume_after_sigkill_runs_only_what_is_missing(tmp_path: Path) -> None:
     folder, steps = _batch_files(tmp_path, 20)
     out = tmp_path / "results.jsonl"
     argv = [
-        sys.executable,
-        "-m",
-        "cmbs_async",
+        *CMBS,
         "batch",
         str(folder),
         "--agent",
@@ -174,9 +171,7 @@ def test_sigint_stops_cleanly_and_keeps_results(tmp_path: Path) -> None:
     out = tmp_path / "results.jsonl"
     process = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "cmbs_async",
+            *CMBS,
             "batch",
             str(folder),
             "--agent",

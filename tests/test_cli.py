@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from .helpers import step
+from .helpers import CMBS, step
 
 
 def cmbs(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cmbs_async", *args],
+        [*CMBS, *args],
         capture_output=True,
         text=True,
         timeout=60,

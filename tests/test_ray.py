@@ -7,12 +7,11 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from .helpers import step
+from .helpers import CMBS, step
 
 pytestmark = [
     pytest.mark.ray,
@@ -51,9 +50,7 @@ def test_a_small_batch_on_ray_matches_the_local_backend(tmp_path: Path) -> None:
         out = tmp_path / f"{backend}.jsonl"
         done = subprocess.run(
             [
-                sys.executable,
-                "-m",
-                "cmbs_async",
+                *CMBS,
                 "batch",
                 str(folder),
                 "--agent",
