@@ -6,7 +6,8 @@ filtered at WARNING. Prints:
 (a) aggregate steps per second with 1, 100, 1,000 and 10,000 scenarios in flight (2,000
     scenarios, or 10,000, under a capacity limit), and the ratio to as many scenarios run
     one after another in a loop, each pair measured back to back, median of the rounds;
-    with ``cmbs batch``'s GC thresholds, and once with the interpreter's defaults;
+    with ``cmbs batch``'s GC thresholds, and once with the interpreter's defaults; and
+    the same ratio at 1,000 in flight for the bare stream hops with no work at all;
 (b) peak memory per concurrent scenario: resident memory while 10,000 scenarios are all
     alive at once (each agent waits until the last one has started), over the baseline;
 (c) the time from a deadline firing to every task of 1,000 hanging scenarios being gone.
@@ -23,6 +24,7 @@ import time
 
 import anyio
 import structlog
+from bare_hops import hop_cost
 
 from cmbs_async import CallableAgent, Outcome, ScenarioSpec, ScriptedAgent, Turn, run_scenario
 from cmbs_async.batch import tune_gc_for_batches
@@ -165,6 +167,11 @@ def main() -> None:
     print(
         f"    with the interpreter's default GC thresholds: 1,000 in flight "
         f"{default_1000:,.0f} steps/s, ratio {default_1000 / default_loop:.2f}"
+    )
+    bare = [run(hop_cost, 2000, 1) / run(hop_cost, 2000, 1000) for _ in range(args.rounds)]
+    print(
+        f"    the bare stream hops alone (no work, benchmarks/bare_hops.py): 1,000 in flight "
+        f"ratio {statistics.median(bare):.2f}"
     )
     gone, deadline = run(cancellation, 1000, 1.0)
     print(

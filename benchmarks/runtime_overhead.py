@@ -5,9 +5,12 @@ and interleaved round by round, on asyncio and trio:
 
 (a) steps per second of ``run_scenario`` (three actors, memory streams, one cancel scope,
     events filtered at WARNING as the CLI's default) versus a plain loop calling the same
-    agent, gate and executor directly; with a no-op executor and with the local executor
-    running ``true``. Ratio = runtime / plain (1.0 means no overhead).
-(b) the gate's decision cost per step (median and p99), over a mix of steps.
+    agent, gate and executor directly; with a no-op executor, with the local executor
+    running ``true``, and with an executor that only sleeps 1 ms (no process: it shows
+    what waiting alone does to the steps around it). Ratio = runtime / plain (1.0 means
+    no overhead), the median of the per-round ratios.
+(b) the floor under (a): the four stream hops of a step with no work at all;
+(c) the gate's decision cost per step (median and p99), over a mix of steps.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from collections.abc import Callable
 
 import anyio
 import structlog
+from bare_hops import hop_cost
 
 from cmbs_async import CallableAgent, Gate, ScenarioSpec, Turn, load_profile, run_scenario
+from cmbs_async.protocol import Observation
 from executors import LocalExecutor, NullExecutor
 
 STEP = json.dumps(
@@ -36,6 +41,20 @@ PROFILE = load_profile("ciso")
 
 async def _agent(turn: Turn) -> str:
     return STEP
+
+
+class SleepExecutor(NullExecutor):
+    """Every command takes 1 ms of waiting and no CPU."""
+
+    async def run_command(
+        self,
+        workdir: str,
+        command: str,
+        *,
+        timeout: float | None,  # noqa: ASYNC109 - the executor protocol's signature
+    ) -> Observation:
+        await anyio.sleep(0.001)
+        return await super().run_command(workdir, command, timeout=timeout)
 
 
 async def plain_loop(executor: object, steps: int) -> float:
@@ -96,9 +115,9 @@ def gate_cost(samples: int) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--null-steps", type=int, default=3000)
-    parser.add_argument("--true-steps", type=int, default=300)
+    parser.add_argument("--true-steps", type=int, default=200)
     args = parser.parse_args()
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
@@ -108,6 +127,7 @@ def main() -> None:
     cases: list[tuple[str, Callable[[], object], int]] = [
         ("no-op executor", NullExecutor, args.null_steps),
         ("local `true`", LocalExecutor, args.true_steps),
+        ("sleep 1 ms", SleepExecutor, args.true_steps),
     ]
     print(
         f"{'backend':8} {'executor':15} {'plain steps/s':>14} {'runtime steps/s':>16} {'ratio':>6}"
@@ -119,9 +139,20 @@ def main() -> None:
                 plain.append(anyio.run(plain_loop, make(), steps, backend=backend))
                 actors.append(anyio.run(actor_runtime, make(), steps, backend=backend))
             p, a = statistics.median(plain), statistics.median(actors)
-            print(f"{backend:8} {label:15} {p:14.0f} {a:16.0f} {a / p:6.3f}")
+            ratio = statistics.median(y / x for x, y in zip(plain, actors, strict=True))
+            print(f"{backend:8} {label:15} {p:14.0f} {a:16.0f} {ratio:6.3f}")
+    floor = {
+        backend: statistics.median(
+            anyio.run(hop_cost, 100, 1, 100, backend=backend) for _ in range(args.rounds)
+        )
+        for backend in ("asyncio", "trio")
+    }
+    print(
+        "\nfour bare stream hops per step, no work (benchmarks/bare_hops.py): "
+        + ", ".join(f"{backend} {us:.1f} us" for backend, us in floor.items())
+    )
     median, p99 = gate_cost(40_000)
-    print(f"\ngate decision cost per step: median {median:.1f} us, p99 {p99:.1f} us")
+    print(f"gate decision cost per step: median {median:.1f} us, p99 {p99:.1f} us")
 
 
 if __name__ == "__main__":

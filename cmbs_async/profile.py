@@ -141,9 +141,14 @@ class Profile(_Model):
 
 def builtin_profiles() -> list[str]:
     """Names of the profiles shipped with the package."""
+    return list(_builtin_names())
+
+
+@cache
+def _builtin_names() -> tuple[str, ...]:
     folder = resources.files("cmbs_async") / "profiles"
-    return sorted(
-        p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
+    return tuple(
+        sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
     )
 
 
@@ -155,7 +160,7 @@ def _load_builtin(name: str) -> Profile:
 
 def load_profile(name_or_path: str | Path) -> Profile:
     """A built-in profile by name, or a profile from a YAML or JSON file."""
-    if isinstance(name_or_path, str) and name_or_path in builtin_profiles():
+    if isinstance(name_or_path, str) and name_or_path in _builtin_names():
         return _load_builtin(name_or_path)
     path = Path(name_or_path)
     if not path.is_file():

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from structlog.contextvars import bound_contextvars
+from structlog.contextvars import bind_contextvars, bound_contextvars
 
-from ._streams import receive, send
+from ._streams import receive, send, wait_next
 from .agents.base import Agent, AgentMessage
 from .audit.sqlite import AuditError
-from .audit.store import AuditStore, Entry
+from .audit.store import AuditStore
 from .audit.writer import AuditWriter, open_audit_writer
 from .events import Events, logger
 from .gate import Decision, Gate
@@ -67,11 +67,6 @@ class _Failed:
     reason: str
 
 
-class _NoAudit:
-    async def write(self, *entries: Entry) -> None:
-        return None
-
-
 @dataclass
 class _Run:
     """The supervisor's record of the run; read by ``run_scenario`` once the actors end."""
@@ -80,7 +75,8 @@ class _Run:
     gate: Gate
     max_steps: int
     review: ReviewLayer | None
-    audit: AuditWriter | _NoAudit
+    audit: AuditWriter | None
+    log: Any  # the events logger, bound once per run: a proxy lookup per event adds up
     trace: list[TraceEntry] = field(default_factory=list)
     outcome: Outcome | None = None
     reason: str | None = None
@@ -154,6 +150,7 @@ async def run_scenario(
                 if review
                 else None,
                 audit=writer,
+                log=logger.bind(),
             )
             with anyio.CancelScope(deadline=started + budget) as scope:
                 try:
@@ -170,8 +167,9 @@ async def run_scenario(
                     await executor.cleanup(workdir)
                 workdir = None
             result = _result(run, anyio.current_time() - started, workdir, session_id)
-            with anyio.move_on_after(_CLEANUP_TIMEOUT, shield=True):
-                await writer.write(("end", None, result.summary() | {"trace": None}))
+            if writer is not None:
+                with anyio.move_on_after(_CLEANUP_TIMEOUT, shield=True):
+                    await writer.write(("end", None, result.summary() | {"trace": None}))
         logger.info(
             Events.SCENARIO_FINISHED,
             outcome=result.outcome.value,
@@ -190,9 +188,9 @@ async def _auditing(
     spec: ScenarioSpec,
     profile: Profile,
     review: Review | None,
-) -> AsyncIterator[AuditWriter | _NoAudit]:
+) -> AsyncIterator[AuditWriter | None]:
     if store is None:
-        yield _NoAudit()
+        yield None
         return
     data = {
         "scenario": spec.model_dump(mode="json"),
@@ -236,7 +234,7 @@ async def _converse(
 ) -> None:
     while True:
         try:
-            turn = await receive(turns)
+            turn = await wait_next(turns)
         except anyio.EndOfStream:
             return
         try:
@@ -264,7 +262,7 @@ async def _executor_actor(
     async with requests, replies:
         while True:
             try:
-                decision = await receive(requests)
+                decision = await wait_next(requests)
             except anyio.EndOfStream:
                 return
             payload = decision.payload
@@ -294,7 +292,7 @@ async def _supervisor_actor(
     replies: MemoryObjectReceiveStream[Observation | _Failed],
 ) -> None:
     async with steps, turns, requests, replies:
-        logger.debug(Events.TURN_SENT, step=1)
+        run.log.debug(Events.TURN_SENT, step=1)
         await send(turns, run.turn(None))
         while True:
             try:
@@ -304,15 +302,15 @@ async def _supervisor_actor(
             if isinstance(said, _Failed):
                 run.finish(Outcome.AGENT_ERROR, said.reason)
                 return
-            with bound_contextvars(step=run.gate.step_count + 1):
-                try:
-                    response = await _supervise(run, said.message, requests, replies)
-                except AuditError as exc:
-                    run.finish(Outcome.AUDIT_ERROR, str(exc))
-                    return
+            bind_contextvars(step=run.gate.step_count + 1)  # this task's context only
+            try:
+                response = await _supervise(run, said.message, requests, replies)
+            except AuditError as exc:
+                run.finish(Outcome.AUDIT_ERROR, str(exc))
+                return
             if response is None:
                 return
-            logger.debug(Events.TURN_SENT, step=run.gate.step_count + 1)
+            run.log.debug(Events.TURN_SENT, step=run.gate.step_count + 1)
             await send(turns, run.turn(response))
 
 
@@ -326,23 +324,25 @@ async def _supervise(
 
     Returns the response for the agent, or ``None`` once the run has ended.
     """
-    gate, review = run.gate, run.review
+    gate, review, audit = run.gate, run.review, run.audit
     number = gate.step_count + 1
-    logger.debug(Events.STEP_RECEIVED)
+    run.log.debug(Events.STEP_RECEIVED)
     parsed = gate.parse(message) if review is not None else None
     flags = review.state.flags(parsed) if review is not None and parsed is not None else ()
-    step_data = _raw_record(message)
-    if flags:
-        step_data["flags"] = [flag.model_dump(mode="json") for flag in flags]
-    await run.audit.write(("step", number, step_data))
+    if audit is not None:
+        step_data = _raw_record(message)
+        if flags:
+            step_data["flags"] = [flag.model_dump(mode="json") for flag in flags]
+        await audit.write(("step", number, step_data))
 
     correction: str | None = None
     decision: Decision | None = None
     if review is not None and parsed is not None:
         supervision = await review.assess(number, parsed, flags)
         if supervision is not None:
-            await run.audit.write(("supervision", number, supervision.model_dump(mode="json")))
-            logger.info(
+            if audit is not None:
+                await audit.write(("supervision", number, supervision.model_dump(mode="json")))
+            run.log.info(
                 Events.REVIEW_VERDICT,
                 verdict=supervision.verdict.value,
                 action=supervision.action.value,
@@ -361,19 +361,20 @@ async def _supervise(
     if decision is None:
         decision = gate.decide(parsed if parsed is not None else message)
 
-    await run.audit.write(
-        (
-            "decision",
-            number,
-            {
-                "action": decision.action_type,
-                "verdict": decision.verdict.value,
-                "message": decision.message,
-                "detail": decision.detail,
-            },
+    if audit is not None:
+        await audit.write(
+            (
+                "decision",
+                number,
+                {
+                    "action": decision.action_type,
+                    "verdict": decision.verdict.value,
+                    "message": decision.message,
+                    "detail": decision.detail,
+                },
+            )
         )
-    )
-    logger.info(
+    run.log.info(
         Events.GATE_VERDICT,
         action=decision.action_type,
         verdict=decision.verdict.value,
@@ -414,7 +415,7 @@ async def _execute(
     requests: MemoryObjectSendStream[Decision],
     replies: MemoryObjectReceiveStream[Observation | _Failed],
 ) -> Observation | None:
-    logger.debug(Events.EXEC_REQUESTED, action=decision.action_type)
+    run.log.debug(Events.EXEC_REQUESTED, action=decision.action_type)
     await send(requests, decision)
     try:
         reply = await receive(replies)
@@ -423,7 +424,7 @@ async def _execute(
     if isinstance(reply, _Failed):
         run.finish(Outcome.EXECUTOR_ERROR, reply.reason)
         return None
-    logger.info(
+    run.log.info(
         Events.EXEC_OBSERVED,
         success=reply.success,
         exit_status=reply.exit_status,
@@ -431,7 +432,8 @@ async def _execute(
         error=reply.error,
         duration_s=round(reply.duration_s, 4),
     )
-    await run.audit.write(("observation", decision.step_number, reply.model_dump(mode="json")))
+    if run.audit is not None:
+        await run.audit.write(("observation", decision.step_number, reply.model_dump(mode="json")))
     run.gate.observe(reply)
     return reply
 
