@@ -108,20 +108,12 @@ def cmbs_batch(*args: str) -> subprocess.CompletedProcess[str]:
 def test_resume_after_sigkill_runs_only_what_is_missing(tmp_path: Path) -> None:
     folder, steps = _batch_files(tmp_path, 20)
     out = tmp_path / "results.jsonl"
-    argv = [
-        *CMBS,
-        "batch",
-        str(folder),
-        "--agent",
-        f"script:{steps}",
-        "--repeat",
-        "2",
-        "--concurrency",
-        "4",
-        "--out",
-        str(out),
-    ]
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    batch = [str(folder), "--agent", f"script:{steps}", "--repeat", "2", "--out", str(out)]
+    process = subprocess.Popen(
+        [*CMBS, "batch", *batch, "--concurrency", "4"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while not out.exists() or len(out.read_text().splitlines()) < 12:
@@ -133,18 +125,7 @@ def test_resume_after_sigkill_runs_only_what_is_missing(tmp_path: Path) -> None:
     before = out.read_text().splitlines(keepends=True)
     complete = [line.rstrip("\n") for line in before if line.endswith("\n")]
     assert 12 <= len(complete) < 40
-    again = cmbs_batch(
-        str(folder),
-        "--agent",
-        f"script:{steps}",
-        "--repeat",
-        "2",
-        "--concurrency",
-        "8",
-        "--out",
-        str(out),
-        "--resume",
-    )
+    again = cmbs_batch(*batch, "--concurrency", "8", "--resume")
     assert again.returncode == 0, again.stderr
     after = [json.loads(line) for line in out.read_text().splitlines()]
     keys = [r["key"] for r in after]
