@@ -14,7 +14,7 @@ import time
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from cmbs_async._streams import receive, send, wait_next
+from cmbs_async._streams import receive, send
 
 
 async def _ring(steps: int) -> None:
@@ -29,7 +29,7 @@ async def _ring(steps: int) -> None:
         async with inbox, outbox:
             while True:
                 try:
-                    await send(outbox, await wait_next(inbox))
+                    await send(outbox, await receive(inbox))
                 except (anyio.EndOfStream, anyio.BrokenResourceError):
                     return
 

@@ -6,9 +6,9 @@ and interleaved round by round, on asyncio and trio:
 (a) steps per second of ``run_scenario`` (three actors, memory streams, one cancel scope,
     events filtered at WARNING as the CLI's default) versus a plain loop calling the same
     agent, gate and executor directly; with a no-op executor, with the local executor
-    running ``true``, and with an executor that only sleeps 1 ms (no process: it shows
-    what waiting alone does to the steps around it). Ratio = runtime / plain (1.0 means
-    no overhead), the median of the per-round ratios.
+    running ``true`` bare and in its bubblewrap sandbox, and with an executor that only
+    sleeps 1 ms (no process: it shows what waiting alone does to the steps around it).
+    Ratio = runtime / plain (1.0 means no overhead), the median of the per-round ratios.
 (b) the floor under (a): the four stream hops of a step with no work at all;
 (c) the gate's decision cost per step (median and p99), over a mix of steps.
 """
@@ -27,7 +27,7 @@ import structlog
 from bare_hops import hop_cost
 
 from cmbs_async import CallableAgent, Gate, ScenarioSpec, Turn, load_profile, run_scenario
-from cmbs_async.protocol import Observation
+from cmbs_async.protocol import CommandEnv, Observation
 from executors import LocalExecutor, NullExecutor
 
 STEP = json.dumps(
@@ -52,9 +52,10 @@ class SleepExecutor(NullExecutor):
         command: str,
         *,
         timeout: float | None,  # noqa: ASYNC109 - the executor protocol's signature
+        env: CommandEnv | None = None,
     ) -> Observation:
         await anyio.sleep(0.001)
-        return await super().run_command(workdir, command, timeout=timeout)
+        return await super().run_command(workdir, command, timeout=timeout, env=env)
 
 
 async def plain_loop(executor: object, steps: int) -> float:
@@ -126,7 +127,8 @@ def main() -> None:
 
     cases: list[tuple[str, Callable[[], object], int]] = [
         ("no-op executor", NullExecutor, args.null_steps),
-        ("local `true`", LocalExecutor, args.true_steps),
+        ("local `true`", lambda: LocalExecutor(sandbox="none"), args.true_steps),
+        ("bwrap `true`", lambda: LocalExecutor(sandbox="bwrap"), args.true_steps),
         ("sleep 1 ms", SleepExecutor, args.true_steps),
     ]
     print(

@@ -9,12 +9,13 @@ from .agents import (
     AgentMessage,
     AgentProcessError,
     CallableAgent,
+    ModelEndpointError,
     OpenAIAgent,
     ScriptedAgent,
     StdioAgent,
 )
 from .audit import AuditStore, SQLiteAuditStore, load_or_create_key, replay
-from .gate import Decision, Gate, Messages
+from .gate import Decision, Gate, Messages, Payload, Rules
 from .masks import Masks
 from .profile import (
     ActionSpec,
@@ -70,17 +71,20 @@ __all__ = [
     "Masks",
     "MasksView",
     "Messages",
+    "ModelEndpointError",
     "Observation",
     "OpenAIAgent",
     "OpenAIReviewer",
     "Outcome",
     "Output",
+    "Payload",
     "PostureSignal",
     "PosturePayload",
     "Profile",
     "ProfileError",
     "Response",
     "Review",
+    "Rules",
     "SQLiteAuditStore",
     "ScenarioError",
     "ScenarioResult",

@@ -28,6 +28,7 @@ class Events:
     EXEC_REQUESTED = "exec.requested"  # supervisor -> executor
     EXEC_OBSERVED = "exec.observed"  # executor -> supervisor
     EXECUTOR_FAILED = "executor.failed"
+    AUDIT_END_NOT_RECORDED = "audit.end_not_recorded"
 
 
 logger: Any = structlog.get_logger("cmbs_async")

@@ -10,15 +10,18 @@ Usable on its own inside any agent loop::
     decision = gate.decide(raw_step)
     if decision.needs_execution:
         gate.observe(await run_it(decision))
+
+What the gate judges (consistency, legality, the final posture) is a :class:`Rules`
+object, replaceable for baselines and experiments; the bookkeeping is the gate's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias, cast
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from ._errors import validation_reason
 from .masks import Masks
@@ -27,6 +30,10 @@ from .protocol import (
     PAYLOAD_MODELS,
     ActionKind,
     AgentStep,
+    ArtifactPayload,
+    Belief,
+    CommandPayload,
+    EmptyPayload,
     MasksView,
     Observation,
     Posture,
@@ -35,7 +42,10 @@ from .protocol import (
     Verdict,
 )
 
-__all__ = ["Decision", "Gate", "Messages"]
+__all__ = ["Decision", "Gate", "Messages", "Payload", "Rules"]
+
+#: A step's payload, as the gate parsed it under its action's kind.
+Payload: TypeAlias = ArtifactPayload | CommandPayload | PosturePayload | EmptyPayload
 
 
 class Messages:
@@ -52,7 +62,7 @@ class Messages:
     TERMINATED = "Termination accepted."
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Decision:
     """The gate's verdict on one step, with what it parsed."""
 
@@ -62,7 +72,7 @@ class Decision:
     detail: str | None = None
     step: AgentStep | None = None
     spec: ActionSpec | None = None
-    payload: BaseModel | None = None
+    payload: Payload | None = None
 
     @property
     def action_type(self) -> str | None:
@@ -78,11 +88,58 @@ class Decision:
         )
 
 
-class Gate:
-    """The supervisor's whole judgement for one scenario."""
+class Rules:
+    """What the gate judges: belief consistency, action legality (rules 1-4) and the
+    posture a terminated run reports. The seed's rules, as they stand here.
 
-    def __init__(self, profile: Profile) -> None:
+    To change them (a baseline that allows everything, say), subclass and override any of
+    the three methods, then pass an instance: ``Gate(profile, rules=...)`` or
+    ``run_scenario(..., rules=...)``. Each method reads the masks, never changes them,
+    and returns; the bookkeeping stays the gate's whatever the rules say: the masks move
+    only on observations (and a consistent step's posture claim joins their history), an
+    allowed posture declaration is recorded, an allowed action that runs awaits its
+    observation, and a step that is not well formed never reaches the rules (it gets
+    ``CONTINUE``, :attr:`Messages.INVALID_FORMAT`).
+    """
+
+    def inconsistency(self, masks: Masks, belief: Belief) -> str | None:
+        """Where ``belief`` exceeds or contradicts the masks (``"belief.evidence"``, say),
+        or ``None``. An inconsistent step gets ``CONTINUE`` with this as its detail."""
+        return masks.inconsistency(belief)
+
+    def legality(self, masks: Masks, spec: ActionSpec, payload: Payload) -> tuple[Verdict, str]:
+        """The verdict on a consistent step and its neutral message: ``ALLOW``, ``BLOCK``
+        or ``TERMINATE`` (which ends the run)."""
+        if isinstance(payload, PosturePayload):  # rule 1
+            if masks.evidence != "successful":
+                return Verdict.BLOCK, Messages.POSTURE_WITHOUT_EVIDENCE
+            if not masks.posture_admissible[payload.posture]:
+                return Verdict.BLOCK, Messages.POSTURE_INADMISSIBLE
+            return Verdict.ALLOW, Messages.POSTURE_ACCEPTED
+        if spec.kind is ActionKind.TERMINATE:  # rule 2
+            if not masks.termination_allowed:
+                return Verdict.BLOCK, Messages.TERMINATION_BLOCKED
+            return Verdict.TERMINATE, Messages.TERMINATED
+        if spec.requires is not None and masks.affordances[spec.requires] == "unavailable":
+            return Verdict.BLOCK, Messages.CAPABILITY_UNAVAILABLE  # rule 3
+        return Verdict.ALLOW, Messages.ALLOWED  # rule 4
+
+    def final_posture(self, masks: Masks, declared: Posture | None) -> Posture | None:
+        """The posture a terminated run reports: the stable claim, once termination is
+        earned (``declared`` is the last posture declaration allowed, if any)."""
+        if not masks.termination_allowed:
+            return None
+        claim = masks.posture_history[-1]
+        return None if claim == "unknown" else claim
+
+
+class Gate:
+    """The supervisor's whole judgement for one scenario, under ``rules`` (the seed's by
+    default)."""
+
+    def __init__(self, profile: Profile, *, rules: Rules | None = None) -> None:
         self.profile = profile
+        self.rules = rules if rules is not None else Rules()
         self.masks = Masks.for_profile(profile)
         self.step_count = 0
         self.declared_posture: Posture | None = None
@@ -105,21 +162,40 @@ class Gate:
 
         parsed = self._parse(raw)
         if isinstance(parsed, str):
-            return Decision(number, Verdict.CONTINUE, Messages.INVALID_FORMAT, parsed)
+            return Decision(
+                step_number=number,
+                verdict=Verdict.CONTINUE,
+                message=Messages.INVALID_FORMAT,
+                detail=parsed,
+            )
         step, spec, payload = parsed
 
-        where = self._inconsistency(step)
+        where = self.rules.inconsistency(self.masks, step.belief)
         if where is not None:
-            return Decision(number, Verdict.CONTINUE, Messages.INCONSISTENT, where, step, spec)
+            return Decision(
+                step_number=number,
+                verdict=Verdict.CONTINUE,
+                message=Messages.INCONSISTENT,
+                detail=where,
+                step=step,
+                spec=spec,
+            )
         self.masks.record_claim(step.belief.posture)
 
-        verdict, message = self._legality(spec, payload)
+        verdict, message = self.rules.legality(self.masks, spec, payload)
         if verdict is Verdict.ALLOW:
             if isinstance(payload, PosturePayload):
                 self.declared_posture = payload.posture
             elif spec.kind is not ActionKind.TERMINATE:
                 self._awaiting = spec
-        return Decision(number, verdict, message, None, step, spec, payload)
+        return Decision(
+            step_number=number,
+            verdict=verdict,
+            message=message,
+            step=step,
+            spec=spec,
+            payload=payload,
+        )
 
     def parse(self, raw: str | bytes | Mapping[str, Any] | AgentStep) -> AgentStep | None:
         """The step ``raw`` holds if it is well formed under the profile, else ``None``."""
@@ -130,7 +206,9 @@ class Gate:
         """Count a step that a layer above the gate did not let through: masks stay as they are."""
         self.step_count += 1
         self._awaiting = None
-        return Decision(self.step_count, Verdict.CONTINUE, message, detail)
+        return Decision(
+            step_number=self.step_count, verdict=Verdict.CONTINUE, message=message, detail=detail
+        )
 
     def observe(self, observation: Observation) -> None:
         """Apply what really happened when the last allowed action ran."""
@@ -153,15 +231,13 @@ class Gate:
 
     @property
     def final_posture(self) -> Posture | None:
-        """The posture a run ends with: the stable claim, once termination is earned."""
-        if not self.masks.termination_allowed:
-            return None
-        claim = self.masks.posture_history[-1]
-        return None if claim == "unknown" else claim
+        """The posture a run ends with, as the rules say (by default the stable claim,
+        once termination is earned)."""
+        return self.rules.final_posture(self.masks, self.declared_posture)
 
     def _parse(
         self, raw: str | bytes | Mapping[str, Any] | AgentStep
-    ) -> tuple[AgentStep, ActionSpec, BaseModel] | str:
+    ) -> tuple[AgentStep, ActionSpec, Payload] | str:
         try:
             if isinstance(raw, AgentStep):
                 step = raw
@@ -178,26 +254,8 @@ class Gate:
             if name not in self.masks.affordances:
                 return f"belief.affordances.{name}: unknown affordance"
         try:
-            payload = PAYLOAD_MODELS[spec.kind].model_validate(step.action.payload)
+            # PAYLOAD_MODELS maps every kind to one member of Payload
+            payload = cast(Payload, PAYLOAD_MODELS[spec.kind].model_validate(step.action.payload))
         except ValidationError as exc:
             return f"action.payload.{validation_reason(exc)}"
         return step, spec, payload
-
-    def _inconsistency(self, step: AgentStep) -> str | None:
-        return self.masks.inconsistency(step.belief)
-
-    def _legality(self, spec: ActionSpec, payload: BaseModel) -> tuple[Verdict, str]:
-        masks = self.masks
-        if isinstance(payload, PosturePayload):  # rule 1
-            if masks.evidence != "successful":
-                return Verdict.BLOCK, Messages.POSTURE_WITHOUT_EVIDENCE
-            if not masks.posture_admissible[payload.posture]:
-                return Verdict.BLOCK, Messages.POSTURE_INADMISSIBLE
-            return Verdict.ALLOW, Messages.POSTURE_ACCEPTED
-        if spec.kind is ActionKind.TERMINATE:  # rule 2
-            if not masks.termination_allowed:
-                return Verdict.BLOCK, Messages.TERMINATION_BLOCKED
-            return Verdict.TERMINATE, Messages.TERMINATED
-        if spec.requires is not None and masks.affordances[spec.requires] == "unavailable":
-            return Verdict.BLOCK, Messages.CAPABILITY_UNAVAILABLE  # rule 3
-        return Verdict.ALLOW, Messages.ALLOWED  # rule 4

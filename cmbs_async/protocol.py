@@ -9,7 +9,7 @@ payloads look like is the profile's business (see :mod:`cmbs_async.profile`).
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,6 +22,7 @@ __all__ = [
     "ArtifactPayload",
     "Assessment",
     "Belief",
+    "CommandEnv",
     "CommandPayload",
     "Commitment",
     "EmptyPayload",
@@ -45,6 +46,9 @@ Posture = Literal["compliant", "non_compliant"]
 PostureClaim = Literal["unknown", "compliant", "non_compliant"]
 
 EVIDENCE_ORDER: dict[str, int] = {"none": 0, "attempted": 1, "successful": 2}
+
+#: What an environment variable's name may be (for the shell's sake, here and remotely).
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
 class _Model(BaseModel):
@@ -171,6 +175,23 @@ class Output(_Model):
             return self.head + self.tail
         dropped = self.total_bytes - len(self.head.encode()) - len(self.tail.encode())
         return f"{self.head}\n[... {max(dropped, 0)} bytes not kept ...]\n{self.tail}"
+
+
+class CommandEnv(_Model):
+    """What a scenario declares for its commands' environment.
+
+    ``values`` are set as given; ``pass_env`` names variables copied from the operator's
+    environment where set (``KUBECONFIG``, say); ``network`` false cuts a sandboxed
+    command off the network; ``readable`` names host paths a sandboxed command may read
+    even where they lie in a hidden place (the key for a target host, say). Nothing else
+    of the operator's environment reaches a command but an allow-list (``PATH``, ``LANG``,
+    ``LC_*``, ``TERM``, ``TZ``).
+    """
+
+    values: dict[Annotated[str, Field(pattern=ENV_NAME)], str] = Field(default_factory=dict)
+    pass_env: tuple[Annotated[str, Field(pattern=ENV_NAME)], ...] = ()
+    network: bool = True
+    readable: tuple[str, ...] = ()
 
 
 class Observation(_Model):

@@ -24,6 +24,7 @@ class Outcome(StrEnum):
     PAUSED_NO_HUMAN = "paused_no_human"
     ABORTED_BY_HUMAN = "aborted_by_human"
     AUDIT_ERROR = "audit_error"
+    CANCELLED = "cancelled"
 
 
 class TraceEntry(BaseModel):
@@ -54,6 +55,7 @@ class ScenarioResult(BaseModel):
     masks: MasksView
     workdir: str | None = None
     session_id: str | None = None
+    sandbox: str | None = None
 
     @property
     def earned(self) -> bool:
@@ -71,6 +73,7 @@ class ScenarioResult(BaseModel):
             "reason": self.reason,
             "workdir": self.workdir,
             "session_id": self.session_id,
+            "sandbox": self.sandbox,
             "trace": [
                 {
                     "step": t.step,

@@ -27,13 +27,13 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from structlog.contextvars import bind_contextvars, bound_contextvars
 
-from ._streams import receive, send, wait_next
+from ._streams import receive, send
 from .agents.base import Agent, AgentMessage
 from .audit.sqlite import AuditError
 from .audit.store import AuditStore
 from .audit.writer import AuditWriter, open_audit_writer
 from .events import Events, logger
-from .gate import Decision, Gate
+from .gate import Decision, Gate, Rules
 from .profile import Profile, load_profile
 from .protocol import (
     AgentStep,
@@ -55,6 +55,7 @@ __all__ = ["run_scenario"]
 
 _BUFFER = 1
 _CLEANUP_TIMEOUT = 5.0
+_END_GRACE = 1.0  # how long past the deadline (or a cancellation) the end record may take
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,7 @@ class _Run:
     trace: list[TraceEntry] = field(default_factory=list)
     outcome: Outcome | None = None
     reason: str | None = None
+    containment: str | None = None  # what contained the commands, once the workdir exists
 
     def __post_init__(self) -> None:
         self._goal = self.spec.rendered_goal()
@@ -112,7 +114,7 @@ async def run_scenario(
     review: Review | None = None,
     audit: AuditStore | None = None,
     session_id: str | None = None,
-    gate_class: type[Gate] = Gate,
+    rules: Rules | None = None,
 ) -> ScenarioResult:
     """Run one scenario to its end and report how it ended.
 
@@ -120,9 +122,16 @@ async def run_scenario(
     and ``max_steps`` override the spec's. A temporary workdir (the spec names none) is
     removed afterwards unless ``keep_workdir``. ``review`` turns the review layer on;
     ``audit`` records every step, review, decision and observation, each durable before
-    it takes effect, under ``session_id`` (a new one by default). ``gate_class`` is for
-    baselines and experiments (a gate that allows everything, say).
+    it takes effect, under ``session_id`` (a new one by default). ``rules`` replaces the
+    gate's rules (:class:`cmbs_async.gate.Rules`), for baselines and experiments.
+
+    No audit wait outlasts the deadline: a record not durable by then ends the run
+    ``audit_error``, and the end record gets at most a second more. Cancelled from outside
+    (a signal, the caller's scope), the run still kills what runs and records its end
+    (``cancelled``), then lets the cancellation through. ``duration_s`` is the call's wall
+    time.
     """
+    started = anyio.current_time()
     from executors.base import Executor, ExecutorError  # composition root
 
     if executor is None:
@@ -134,7 +143,7 @@ async def run_scenario(
     profile = profile or load_profile(spec.profile)
     session_id = session_id or uuid.uuid4().hex
     budget = deadline if deadline is not None else spec.deadline_s
-    started = anyio.current_time()
+    ends_at = started + budget
     workdir: str | None = None
 
     with bound_contextvars(scenario_id=spec.id):
@@ -144,7 +153,7 @@ async def run_scenario(
         async with _auditing(audit, session_id, spec, profile, review) as writer:
             run = _Run(
                 spec=spec,
-                gate=gate_class(profile),
+                gate=Gate(profile, rules=rules),
                 max_steps=max_steps or spec.max_steps,
                 review=ReviewLayer(review, goal=spec.rendered_goal(), scenario_id=spec.id)
                 if review
@@ -152,24 +161,40 @@ async def run_scenario(
                 audit=writer,
                 log=logger.bind(),
             )
-            with anyio.CancelScope(deadline=started + budget) as scope:
-                try:
-                    workdir = await executor.prepare(spec.workdir, spec.rendered_files())
-                except ExecutorError as exc:
-                    run.finish(Outcome.EXECUTOR_ERROR, str(exc))
-                else:
-                    await _actors(run, agent, executor, workdir)
+            stopped: BaseException | None = None
+            try:
+                with anyio.CancelScope(deadline=ends_at) as scope:
+                    try:
+                        workdir = await executor.prepare(spec.workdir, spec.rendered_files())
+                    except ExecutorError as exc:
+                        run.finish(Outcome.EXECUTOR_ERROR, str(exc))
+                    else:
+                        await _actors(run, agent, executor, workdir)
+            except anyio.get_cancelled_exc_class() as exc:
+                stopped = exc  # by a signal or the caller: end the run, then pass it on
+                run.finish(Outcome.CANCELLED, "cancelled from outside the run")
             if scope.cancelled_caught:
+                if writer is not None and writer.stalled:
+                    run.finish(
+                        Outcome.AUDIT_ERROR,
+                        f"an audit record was not durable within the deadline of {budget:g} s",
+                    )
                 run.finish(Outcome.DEADLINE_EXCEEDED, f"deadline of {budget:g} s exceeded")
             run.finish(Outcome.AGENT_FINISHED)
-            if workdir is not None and spec.workdir is None and not keep_workdir:
-                with anyio.move_on_after(_CLEANUP_TIMEOUT, shield=True):
-                    await executor.cleanup(workdir)
-                workdir = None
-            result = _result(run, anyio.current_time() - started, workdir, session_id)
-            if writer is not None:
-                with anyio.move_on_after(_CLEANUP_TIMEOUT, shield=True):
-                    await writer.write(("end", None, result.summary() | {"trace": None}))
+            with anyio.CancelScope(shield=stopped is not None):
+                if workdir is not None:
+                    remove = spec.workdir is None and not keep_workdir
+                    with anyio.move_on_after(_CLEANUP_TIMEOUT, shield=True):
+                        await executor.cleanup(workdir, remove=remove)
+                    workdir = None if remove else workdir
+                result = _result(run, anyio.current_time() - started, workdir, session_id)
+                if writer is not None:
+                    grace = anyio.current_time() + _END_GRACE
+                    until = grace if stopped is not None else max(grace, ends_at)
+                    await _record_end(writer, result, until=until)
+            if stopped is not None:
+                raise stopped
+        result = result.model_copy(update={"duration_s": anyio.current_time() - started})
         logger.info(
             Events.SCENARIO_FINISHED,
             outcome=result.outcome.value,
@@ -179,6 +204,18 @@ async def run_scenario(
             reason=result.reason,
         )
     return result
+
+
+async def _record_end(writer: AuditWriter, result: ScenarioResult, *, until: float) -> None:
+    """Make the end record durable by ``until`` (shielded), or warn that there is none."""
+    reason = "not durable in time: the audit database is locked or slow"
+    with anyio.move_on_at(until, shield=True):
+        try:
+            await writer.write(("end", None, result.summary() | {"trace": None}))
+            return
+        except AuditError as exc:
+            reason = str(exc)
+    logger.warning(Events.AUDIT_END_NOT_RECORDED, reason=reason)
 
 
 @asynccontextmanager
@@ -202,6 +239,7 @@ async def _auditing(
 
 
 async def _actors(run: _Run, agent: Agent, executor: Executor, workdir: str) -> None:
+    run.containment = executor.containment
     turns_send, turns_recv = anyio.create_memory_object_stream[Turn](_BUFFER)
     steps_send, steps_recv = anyio.create_memory_object_stream[_Said | _Failed](_BUFFER)
     requests_send, requests_recv = anyio.create_memory_object_stream[Decision](_BUFFER)
@@ -234,7 +272,7 @@ async def _converse(
 ) -> None:
     while True:
         try:
-            turn = await wait_next(turns)
+            turn = await receive(turns)
         except anyio.EndOfStream:
             return
         try:
@@ -259,10 +297,11 @@ async def _executor_actor(
 ) -> None:
     from executors.base import ExecutorError
 
+    env = spec.command_env()
     async with requests, replies:
         while True:
             try:
-                decision = await wait_next(requests)
+                decision = await receive(requests)
             except anyio.EndOfStream:
                 return
             payload = decision.payload
@@ -273,7 +312,7 @@ async def _executor_actor(
                     )
                 elif isinstance(payload, CommandPayload):
                     observation = await executor.run_command(
-                        workdir, payload.command, timeout=spec.command_timeout_s
+                        workdir, payload.command, timeout=spec.command_timeout_s, env=env
                     )
                 else:  # pragma: no cover - the gate only asks to execute these two
                     raise ExecutorError(f"nothing to execute for {decision.action_type}")
@@ -472,4 +511,5 @@ def _result(run: _Run, duration: float, workdir: str | None, session_id: str) ->
         masks=run.gate.masks_view,
         workdir=workdir,
         session_id=session_id,
+        sandbox=run.containment,
     )

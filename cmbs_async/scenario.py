@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ._errors import one_line, validation_reason
+from .protocol import ENV_NAME, CommandEnv
 
 __all__ = ["ScenarioError", "ScenarioSpec", "load_scenario"]
 
@@ -29,6 +31,13 @@ class ScenarioSpec(BaseModel):
     ``vars[name]`` (other ``{{ ... }}``, such as Ansible's, are left alone). ``host``
     (``ssh://USER@HOST[:PORT]``) and ``host_key`` (a pinned public key) name a remote
     target for the command line's SSH executor.
+
+    Commands see only an allow-listed environment (``PATH``, ``LANG``, ``LC_*``, ``TERM``,
+    ``TZ``) plus ``env`` (values, ``{{ var }}`` filled) and the operator's variables named
+    in ``pass_env`` (``KUBECONFIG``, say); ``network: none`` cuts sandboxed commands off
+    the network; ``readable`` lists host paths a sandboxed command may read although they
+    lie in a hidden place (the operator's home, the private ``/tmp``): an SSH key for the
+    target host, say.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -44,6 +53,10 @@ class ScenarioSpec(BaseModel):
     files: dict[str, str] = Field(default_factory=dict)
     host: str | None = Field(default=None, pattern=r"^ssh://")
     host_key: str | None = None
+    env: dict[Annotated[str, Field(pattern=ENV_NAME)], str] = Field(default_factory=dict)
+    pass_env: tuple[Annotated[str, Field(pattern=ENV_NAME)], ...] = ()
+    network: Literal["on", "none"] = "on"
+    readable: tuple[str, ...] = ()
 
     def rendered_goal(self) -> str:
         """The goal with ``{{ var }}`` placeholders filled in; unknown names stay as written."""
@@ -52,6 +65,15 @@ class ScenarioSpec(BaseModel):
     def rendered_files(self) -> dict[str, str]:
         """The starting files, with ``{{ var }}`` filled in the same way."""
         return {path: self._render(content) for path, content in self.files.items()}
+
+    def command_env(self) -> CommandEnv:
+        """What the executor gives every command of this scenario besides the allow-list."""
+        return CommandEnv(
+            values={name: self._render(value) for name, value in self.env.items()},
+            pass_env=self.pass_env,
+            network=self.network == "on",
+            readable=tuple(os.path.expanduser(self._render(path)) for path in self.readable),
+        )
 
     def _render(self, text: str) -> str:
         def fill(match: re.Match[str]) -> str:

@@ -27,18 +27,25 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cmbs_async import (  # noqa: E402
+    ActionKind,
+    ActionSpec,
+    AgentMessage,
     AgentStep,
-    Gate,
+    Belief,
+    Masks,
+    Messages,
     OpenAIAgent,
     Outcome,
+    Payload,
+    PosturePayload,
+    Rules,
+    ScenarioSpec,
     Turn,
     Verdict,
     load_scenario,
     run_scenario,
 )
-from cmbs_async.gate import Messages  # noqa: E402
-from cmbs_async.profile import ActionSpec  # noqa: E402
-from cmbs_async.protocol import ActionKind, Posture, PosturePayload  # noqa: E402
+from cmbs_async.protocol import Posture  # noqa: E402
 from tests.llm_server import LlamaServer, model_path  # noqa: E402
 from tests.sshd import LocalSshd  # noqa: E402
 
@@ -46,25 +53,26 @@ SCENARIO = ROOT / "examples" / "ciso" / "rhel9-ansible-opa" / "scenario.yaml"
 TRUTH: Posture = "non_compliant"
 
 
-class PassThroughGate(Gate):
-    """The baseline: every well-formed step is allowed and ``terminate`` ends the run.
+class PassThrough(Rules):
+    """The baseline: every well-formed step is allowed, ``terminate`` ends the run, and the
+    run reports the last posture declared.
 
-    Masks still follow the observations, so the claims can be compared with them.
+    The gate still moves the masks on the observations, so the claims can be compared
+    with them.
     """
 
-    def _inconsistency(self, step: AgentStep) -> str | None:
+    def inconsistency(self, masks: Masks, belief: Belief) -> str | None:
         return None
 
-    def _legality(self, spec: ActionSpec, payload: object) -> tuple[Verdict, str]:
+    def legality(self, masks: Masks, spec: ActionSpec, payload: Payload) -> tuple[Verdict, str]:
         if spec.kind is ActionKind.TERMINATE:
             return Verdict.TERMINATE, Messages.TERMINATED
         if isinstance(payload, PosturePayload):
             return Verdict.ALLOW, Messages.POSTURE_ACCEPTED
         return Verdict.ALLOW, Messages.ALLOWED
 
-    @property
-    def final_posture(self) -> Posture | None:
-        return self.declared_posture
+    def final_posture(self, masks: Masks, declared: Posture | None) -> Posture | None:
+        return declared
 
 
 @dataclass
@@ -84,7 +92,7 @@ class Watching:
     def __init__(self, agent: OpenAIAgent, tally: Tally) -> None:
         self.agent, self.tally = agent, tally
 
-    async def next_step(self, turn: Turn) -> object:
+    async def next_step(self, turn: Turn) -> AgentMessage | None:
         message = await self.agent.next_step(turn)
         evidence = turn.response.masks.evidence if turn.response else "none"
         with contextlib.suppress(ValueError):
@@ -95,20 +103,14 @@ class Watching:
                     self.tally.claims_without_evidence += 1
         return message
 
-    async def aclose(self) -> None:
-        await self.agent.aclose()
-
 
 async def one_run(
-    gate_class: type[Gate], tally: Tally, spec: object, base_url: str, model: str
+    rules: Rules, tally: Tally, spec: ScenarioSpec, base_url: str, model: str
 ) -> None:
-    agent = OpenAIAgent(model=model, base_url=base_url, temperature=0.8, max_tokens=400)
-    result = await run_scenario(
-        spec,  # type: ignore[arg-type]
-        agent=Watching(agent, tally),  # type: ignore[arg-type]
-        gate_class=gate_class,
-        max_steps=12,
-    )
+    async with OpenAIAgent(
+        model=model, base_url=base_url, temperature=0.8, max_tokens=400
+    ) as agent:
+        result = await run_scenario(spec, agent=Watching(agent, tally), rules=rules, max_steps=12)
     tally.runs += 1
     tally.steps += result.steps
     tally.claims_blocked += sum(
@@ -147,10 +149,8 @@ async def main(runs: int, base_url: str | None, model: str) -> None:
         )
         tallies = {"CMBS gate": Tally(), "pass-through": Tally()}
         for i in range(runs):  # interleaved, so both see the same server and machine state
-            for (name, tally), gate_class in zip(
-                tallies.items(), (Gate, PassThroughGate), strict=True
-            ):
-                await one_run(gate_class, tally, spec, base_url, model)
+            for (name, tally), rules in zip(tallies.items(), (Rules(), PassThrough()), strict=True):
+                await one_run(rules, tally, spec, base_url, model)
                 print(f"run {i + 1}/{runs} {name}: done", file=sys.stderr)
     print(f"{model} on {spec.id}, {runs} runs each (at most 12 steps), truth: {TRUTH}")
     print(f"{'':34} {'CMBS gate':>10} {'pass-through':>13}")

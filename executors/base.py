@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Protocol, runtime_checkable
 
-from cmbs_async.protocol import Observation, Output
+from cmbs_async.protocol import CommandEnv, Observation, Output
 
 __all__ = [
     "DEFAULT_OUTPUT_CAP",
@@ -36,9 +36,16 @@ class Executor(Protocol):
     """Runs what the gate allowed and reports what really happened.
 
     One executor may serve many scenarios at once; each call names its workdir.
+    :attr:`containment` says what keeps a command from outliving its run or reaching
+    outside its workdir (``"bwrap"``, ``"none"``, ...), once :meth:`prepare` has run.
     Failures of the action itself are observations, never exceptions; only a broken
     executor raises :class:`ExecutorError`.
     """
+
+    @property
+    def containment(self) -> str:
+        """What contains the commands (``"bwrap"``, ``"pidns"``, ``"none"``, ...)."""
+        ...
 
     async def prepare(self, workdir: str | None, files: Mapping[str, str]) -> str:
         """Create the workdir (a fresh temporary one for ``None``), seed ``files``, return it."""
@@ -49,13 +56,16 @@ class Executor(Protocol):
         ...
 
     async def run_command(
-        self, workdir: str, command: str, *, timeout: float | None
+        self, workdir: str, command: str, *, timeout: float | None, env: CommandEnv | None = None
     ) -> Observation:
-        """Run ``command`` through a shell in ``workdir``; kill all of it on timeout or cancel."""
+        """Run ``command`` through a shell in ``workdir``; kill all of it on timeout or cancel.
+
+        ``env`` is what the scenario declares for the command's environment (none: nothing).
+        """
         ...
 
-    async def cleanup(self, workdir: str) -> None:
-        """Remove a workdir that :meth:`prepare` created as temporary."""
+    async def cleanup(self, workdir: str, *, remove: bool = True) -> None:
+        """Let go of a workdir :meth:`prepare` returned; delete it too if ``remove``."""
         ...
 
 

@@ -1,77 +1,110 @@
-"""The local executor: shell commands as subprocesses in their own process group."""
+"""The local executor: each shell command in a bubblewrap sandbox (see
+:mod:`executors.sandbox`), or, without one, in its own process group."""
 
 from __future__ import annotations
 
-import errno
 import os
-import shutil
+import re
 import signal
 import subprocess
-import tempfile
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from functools import partial
 
 import anyio
 from anyio.abc import ByteReceiveStream, Process
 
-from cmbs_async.protocol import Observation
+from cmbs_async.protocol import CommandEnv, Observation
 
 from .base import (
     DEFAULT_OUTPUT_CAP,
-    ExecutorError,
     OutputBuffer,
     PathRefused,
-    confine,
     refused_artifact,
     seed_files,
 )
+from .sandbox import (
+    INSTALL_HINT,
+    SANDBOX_HOME,
+    SandboxMode,
+    SandboxUnavailable,
+    bwrap_argv,
+    command_env,
+    default_hidden,
+    find_bwrap,
+)
+from .workdir import Workdirs
 
 __all__ = ["LocalExecutor"]
+
+_CHILD_PID = re.compile(rb'"child-pid":\s*(\d+)')
 
 
 class LocalExecutor:
     """Runs commands with ``/bin/sh -c`` in the workdir and writes artifacts inside it.
 
-    Every command starts a new session, so the whole process group (grandchildren too)
-    is killed on timeout, on cancellation, and when the command's shell exits: TERM,
-    ``kill_grace`` seconds, then KILL. Output is capped at ``output_cap`` bytes per
-    stream, and reading stops ``drain_grace`` seconds after the shell exits even if a
-    grandchild still holds the pipe.
+    ``sandbox``: ``"bwrap"`` runs every command in a bubblewrap sandbox (its own PID
+    namespace: when its shell exits, or on a time-out or cancellation, every process it
+    started dies with it); ``"none"`` runs it in a new session whose process group is
+    killed (TERM, ``kill_grace`` seconds, KILL), which a command that calls ``setsid``
+    escapes; ``"auto"`` (the default) takes bwrap where it works here, else none, which
+    :attr:`containment` then says. ``hidden`` names paths a sandboxed command must not
+    see, besides the operator's home and the cmbs data directory. Output is capped at
+    ``output_cap`` bytes per stream; reading stops ``drain_grace`` seconds after the
+    shell exits even if something still holds the pipe.
     """
 
     def __init__(
         self,
         *,
+        sandbox: SandboxMode = "auto",
+        hidden: Sequence[str] = (),
         output_cap: int = DEFAULT_OUTPUT_CAP,
         kill_grace: float = 0.5,
         drain_grace: float = 0.2,
-        env: Mapping[str, str] | None = None,
     ) -> None:
+        if sandbox not in ("auto", "bwrap", "none"):
+            raise ValueError(f"sandbox must be auto, bwrap or none, not {sandbox!r}")
+        bwrap = find_bwrap() if sandbox != "none" else None
+        if sandbox == "bwrap" and bwrap is None:
+            raise SandboxUnavailable(
+                f"bubblewrap (bwrap) is not available here; install it: {INSTALL_HINT}"
+            )
+        self._bwrap = bwrap
+        self._hidden = (*default_hidden(), *hidden)
         self.output_cap = output_cap
         self.kill_grace = kill_grace
         self.drain_grace = drain_grace
-        self.env = dict(env) if env is not None else None
+        self._workdirs = Workdirs()
+
+    @property
+    def containment(self) -> str:
+        """``"bwrap"`` or ``"none"``: what contains this executor's commands."""
+        return "bwrap" if self._bwrap is not None else "none"
 
     async def prepare(self, workdir: str | None, files: Mapping[str, str]) -> str:
+        """Create the workdir and hold it open (see :mod:`executors.workdir`), then seed it."""
+        prepared = await anyio.to_thread.run_sync(self._workdirs.open, workdir)
         try:
-            if workdir is None:
-                workdir = await anyio.to_thread.run_sync(lambda: tempfile.mkdtemp(prefix="cmbs-"))
-            else:
-                await anyio.Path(workdir).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ExecutorError(f"cannot create workdir {workdir}: {exc.strerror}") from exc
-        await seed_files(self, workdir, files)
-        return workdir
+            await seed_files(self, prepared, files)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                release = partial(self._workdirs.release, prepared, remove=workdir is None)
+                await anyio.to_thread.run_sync(release)
+            raise
+        return prepared
 
-    async def cleanup(self, workdir: str) -> None:
-        await anyio.to_thread.run_sync(lambda: shutil.rmtree(workdir, ignore_errors=True))
+    async def cleanup(self, workdir: str, *, remove: bool = True) -> None:
+        await anyio.to_thread.run_sync(partial(self._workdirs.release, workdir, remove=remove))
 
     async def write_artifact(self, workdir: str, path: str, content: str) -> Observation:
         start = anyio.current_time()
         try:
-            await anyio.to_thread.run_sync(_write_confined, workdir, path, content)
+            data = content.encode()
+            await anyio.to_thread.run_sync(self._workdirs.write, workdir, path, data)
         except PathRefused as exc:
             return refused_artifact(path, str(exc))
+        except UnicodeError:
+            return refused_artifact(path, f"cannot write {path!r}: not valid UTF-8")
         except OSError as exc:
             return refused_artifact(path, f"cannot write {path!r}: {exc.strerror or exc}")
         return Observation(
@@ -82,24 +115,19 @@ class LocalExecutor:
         )
 
     async def run_command(
-        self, workdir: str, command: str, *, timeout: float | None
+        self, workdir: str, command: str, *, timeout: float | None, env: CommandEnv | None = None
     ) -> Observation:
         start = anyio.current_time()
         stdout, stderr = OutputBuffer(self.output_cap), OutputBuffer(self.output_cap)
         try:
-            process = await anyio.open_process(
-                ["/bin/sh", "-c", command],
-                cwd=workdir,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        except OSError as exc:
+            process, sandbox = await self._start(workdir, command, env or CommandEnv())
+        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the command
             return Observation(
                 kind="command",
                 command=command,
                 success=False,
-                error=f"cannot start /bin/sh: {exc.strerror or exc}",
+                error=f"cannot start the command: {getattr(exc, 'strerror', None) or exc}",
+                duration_s=anyio.current_time() - start,
             )
         timed_out = False
         try:
@@ -108,7 +136,7 @@ class LocalExecutor:
             timed_out = scope.cancelled_caught
         finally:
             with anyio.CancelScope(shield=True):
-                await self._reap(process)
+                await self._reap(process, sandbox)
         status = process.returncode
         found = None if timed_out or status is None or status < 0 else status != 127
         return Observation(
@@ -123,6 +151,45 @@ class LocalExecutor:
             stderr=stderr.output(),
             duration_s=anyio.current_time() - start,
         )
+
+    async def _start(
+        self, workdir: str, command: str, declared: CommandEnv
+    ) -> tuple[Process, _Sandbox | None]:
+        shell = ["/bin/sh", "-c", command]
+        if self._bwrap is None:
+            process = await anyio.open_process(
+                shell,
+                cwd=workdir,
+                env=command_env(declared, home=None),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            return process, None
+        where = str(await anyio.Path(workdir).resolve())
+        info_read, info_write = os.pipe()
+        try:
+            argv = bwrap_argv(
+                self._bwrap,
+                where,
+                hidden=self._hidden,
+                readable=declared.readable,
+                env=command_env(declared, home=SANDBOX_HOME),
+                network=declared.network,
+                info_fd=info_write,
+            )
+            process = await anyio.open_process(
+                [*argv, *shell],
+                env={},
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                pass_fds=(info_write,),
+            )
+        except BaseException:
+            os.close(info_read)
+            raise
+        finally:
+            os.close(info_write)
+        return process, _Sandbox(info_read)
 
     async def _collect(self, process: Process, stdout: OutputBuffer, stderr: OutputBuffer) -> None:
         drained = anyio.Event()
@@ -146,65 +213,78 @@ class LocalExecutor:
                 await drained.wait()
             tg.cancel_scope.cancel()
 
-    async def _reap(self, process: Process) -> None:
-        """Kill what is left of the command's process group, then release the process."""
-        group = process.pid
-        for signum in (signal.SIGTERM, signal.SIGKILL):
-            if not _signal_group(group, signum):
-                break
-            with anyio.move_on_after(self.kill_grace):
-                while _group_alive(group):  # noqa: ASYNC110 - no event tells a group is gone
-                    await anyio.sleep(0.01)
+    async def _reap(self, process: Process, sandbox: _Sandbox | None) -> None:
+        """Make sure nothing the command started is left, then release the process."""
+        if sandbox is not None:
+            with sandbox:
+                await sandbox.end(process, self.kill_grace)
+        else:
+            await self._kill_group(process)
         with anyio.move_on_after(self.kill_grace):
             await process.wait()
         if process.returncode is None:
             process.kill()
         await process.aclose()
 
+    async def _kill_group(self, process: Process) -> None:
+        """TERM the process group, a grace, then KILL what is left of it."""
+        group = process.pid
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            if not _signal_group(group, signum):
+                return
+            with anyio.move_on_after(self.kill_grace):
+                await process.wait()  # the shell itself, so its zombie does not count
+                delay = 0.005
+                while _signal_group(group, 0):
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, 0.1)
+                return
+
+
+class _Sandbox:
+    """The handle on one command's bwrap sandbox: its info pipe tells the sandbox's init."""
+
+    def __init__(self, info_fd: int) -> None:
+        self._info = info_fd
+
+    async def end(self, process: Process, grace: float) -> None:
+        """KILL the sandbox if it still runs; wait (at most ``grace``) for its PID namespace
+        to be empty.
+
+        bwrap may return as soon as the command's shell exits; the namespace's init dies
+        after it, and only once the init is gone has the kernel killed every process of
+        the namespace. So the wait is on the init (a pidfd), in every case.
+        """
+        init = self._init_pidfd()
+        if process.returncode is None:
+            _signal_group(process.pid, signal.SIGKILL)  # bwrap and its init: same group
+        if init is None:
+            return
+        try:
+            with anyio.move_on_after(grace):
+                await anyio.wait_readable(init)
+        finally:
+            os.close(init)
+
+    def _init_pidfd(self) -> int | None:
+        os.set_blocking(self._info, False)
+        try:
+            found = _CHILD_PID.search(os.read(self._info, 4096))
+            return os.pidfd_open(int(found.group(1))) if found else None
+        except OSError:  # not written yet (nothing started), or the init is gone already
+            return None
+
+    def __enter__(self) -> _Sandbox:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        os.close(self._info)
+
 
 def _signal_group(group: int, signum: int) -> bool:
+    """Send ``signum`` (0: just look) to the group; false once none of it is left."""
     try:
         os.killpg(group, signum)
     except (ProcessLookupError, PermissionError):
         return False
     return True
-
-
-def _group_alive(group: int) -> bool:
-    """Whether any process of the group is still running (zombies do not count)."""
-    try:
-        os.killpg(group, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return True
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == group and fields[0] != "Z":
-            return True
-    return False
-
-
-def _write_confined(workdir: str, path: str, content: str) -> None:
-    """Write inside ``workdir`` only: no absolute path, no ``..``, no symlink leading out."""
-    relative = confine(path)
-    root = os.path.realpath(workdir)
-    parent = os.path.realpath(os.path.join(root, *relative.parts[:-1]))
-    if os.path.commonpath([root, parent]) != root:
-        raise PathRefused(f"artifact path {path!r} leads outside the workdir through a link")
-    os.makedirs(parent, exist_ok=True)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(os.path.join(parent, relative.name), flags, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # the final component is a symbolic link
-            raise PathRefused(f"artifact path {path!r} is a symbolic link") from exc
-        raise
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(content)

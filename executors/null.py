@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from cmbs_async.protocol import Observation
+from cmbs_async.protocol import CommandEnv, Observation
 
 __all__ = ["NullExecutor"]
 
@@ -21,12 +21,20 @@ class NullExecutor:
     async def write_artifact(self, workdir: str, path: str, content: str) -> Observation:
         return Observation(kind="artifact", path=path, success=True)
 
+    #: Nothing runs, so nothing needs containing.
+    containment = "nothing runs"
+
     async def run_command(
-        self, workdir: str, command: str, *, timeout: float | None
+        self,
+        workdir: str,
+        command: str,
+        *,
+        timeout: float | None,
+        env: CommandEnv | None = None,
     ) -> Observation:
         return Observation(
             kind="command", command=command, success=True, exit_status=0, program_found=True
         )
 
-    async def cleanup(self, workdir: str) -> None:
+    async def cleanup(self, workdir: str, *, remove: bool = True) -> None:
         return None

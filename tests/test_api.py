@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import cmbs_async
 import executors
 
@@ -23,3 +25,19 @@ def test_importing_configures_no_logging() -> None:
     code = "import structlog, cmbs_async, executors;print(structlog.is_configured())"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.anyio
+async def test_every_agent_and_the_stock_reviewer_close_with_async_with() -> None:
+    async def nothing(turn: cmbs_async.Turn) -> None:
+        return None
+
+    for thing in (
+        cmbs_async.ScriptedAgent([]),
+        cmbs_async.CallableAgent(nothing),
+        cmbs_async.StdioAgent("true"),
+        cmbs_async.OpenAIAgent(model="m", base_url="http://127.0.0.1:9/v1"),
+        cmbs_async.OpenAIReviewer(cmbs_async.SupervisionConfig(base_url="http://127.0.0.1:9/v1")),
+    ):
+        async with thing as entered:
+            assert entered is thing

@@ -9,8 +9,23 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cmbs_async import Gate, Messages, Observation, Output, Verdict, load_profile
-from cmbs_async.protocol import EVIDENCE_ORDER
+from cmbs_async import (
+    ActionKind,
+    ActionSpec,
+    Belief,
+    Decision,
+    Gate,
+    Masks,
+    Messages,
+    Observation,
+    Output,
+    Payload,
+    PosturePayload,
+    Rules,
+    Verdict,
+    load_profile,
+)
+from cmbs_async.protocol import EVIDENCE_ORDER, Posture
 
 from .helpers import step
 
@@ -169,6 +184,73 @@ def test_response_carries_masks_and_last_observation() -> None:
     assert response.verdict is Verdict.ALLOW
 
 
+def test_decision_fields_are_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        Decision(1, Verdict.ALLOW, Messages.ALLOWED)  # type: ignore[call-arg]
+    decision = Decision(step_number=1, verdict=Verdict.ALLOW, message=Messages.ALLOWED)
+    assert (decision.payload, decision.needs_execution) == (None, False)
+
+
+# --- the rules are public and replaceable; the bookkeeping is not ------------------------
+
+
+class NoCommands(Rules):
+    """A stricter rule set: nothing runs a command; claims are never checked; the run
+    reports the last posture declared."""
+
+    def inconsistency(self, masks: Masks, belief: Belief) -> str | None:
+        return None
+
+    def legality(self, masks: Masks, spec: ActionSpec, payload: Payload) -> tuple[Verdict, str]:
+        if spec.kind is ActionKind.RUN_COMMAND:
+            return Verdict.BLOCK, "No commands here."
+        return super().legality(masks, spec, payload)
+
+    def final_posture(self, masks: Masks, declared: Posture | None) -> Posture | None:
+        return declared
+
+
+def test_replaced_rules_change_the_verdicts() -> None:
+    gate = Gate(PROFILE, rules=NoCommands())
+    blocked = gate.decide(step("check_status", {"command": "true"}, evidence="successful"))
+    assert (blocked.verdict, blocked.message, blocked.detail) == (
+        Verdict.BLOCK,
+        "No commands here.",
+        None,  # an overstated belief went through: this rule set checks none
+    )
+    assert not blocked.needs_execution and not gate.awaiting_observation
+    with pytest.raises(RuntimeError):  # nothing ran, so nothing can be observed
+        gate.observe(ran(0, "true\n"))
+    # the rules it did not override are the seed's: no posture without evidence
+    declared = gate.decide(step("declare_posture", {"posture": "compliant"}))
+    assert (declared.verdict, declared.message) == (
+        Verdict.BLOCK,
+        Messages.POSTURE_WITHOUT_EVIDENCE,
+    )
+    assert isinstance(declared.payload, PosturePayload)
+
+
+def test_the_bookkeeping_stays_the_gates_whatever_the_rules() -> None:
+    class AllowAll(NoCommands):
+        def legality(self, masks: Masks, spec: ActionSpec, payload: Payload) -> tuple[Verdict, str]:
+            return Verdict.ALLOW, Messages.ALLOWED
+
+    gate = Gate(PROFILE, rules=AllowAll())
+    assert gate.decide("{not json").message == Messages.INVALID_FORMAT  # never reaches rules
+    allowed = gate.decide(step("declare_posture", {"posture": "non_compliant"}))
+    assert allowed.verdict is Verdict.ALLOW and not allowed.needs_execution
+    assert gate.declared_posture == "non_compliant" and gate.final_posture == "non_compliant"
+    assert gate.masks.evidence == "none"  # allowing a claim earns nothing
+    assert gate.decide(step("check_status", {"command": "x"})).needs_execution
+    gate.observe(ran(1, "false\n"))
+    assert gate.masks.evidence == "none"  # a failure earns nothing either
+    assert gate.decide(step("check_status", {"command": "x"})).needs_execution
+    gate.observe(ran(0, "false\n"))
+    assert gate.masks.view().evidence == "successful"
+    assert gate.masks.posture_admissible == {"compliant": False, "non_compliant": True}
+    assert gate.step_count == 4
+
+
 # --- invariants over arbitrary sequences -------------------------------------------------
 
 ACTIONS = [*PROFILE.actions, "bogus"]
@@ -183,7 +265,7 @@ beliefs = st.fixed_dictionaries(
         "evidence": st.sampled_from(["none", "attempted", "successful", "lots"]),
     }
 )
-payloads = st.one_of(
+payloads: st.SearchStrategy[dict[str, str]] = st.one_of(
     st.fixed_dictionaries({"command": st.sampled_from(["true", "opa eval", ""])}),
     st.fixed_dictionaries({"path": st.sampled_from(["a", "../a"]), "content": st.text(max_size=5)}),
     st.fixed_dictionaries({"posture": st.sampled_from(["compliant", "non_compliant", "x"])}),
@@ -234,3 +316,40 @@ def test_gate_invariants_hold_for_any_sequence(sequence: list[tuple[object, Obse
         assert EVIDENCE_ORDER[gate.masks.evidence] >= evidence
         evidence = EVIDENCE_ORDER[gate.masks.evidence]
         assert decision.message in vars(Messages).values()
+
+
+class Arbitrary(Rules):
+    """Rules that check no belief and return whatever verdict the test sets."""
+
+    verdict = Verdict.ALLOW
+
+    def inconsistency(self, masks: Masks, belief: Belief) -> str | None:
+        return None
+
+    def legality(self, masks: Masks, spec: ActionSpec, payload: Payload) -> tuple[Verdict, str]:
+        return self.verdict, "whatever"
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(messages, observations, st.sampled_from(list(Verdict))), max_size=25))
+def test_masks_move_only_on_observations_whatever_the_rules(
+    sequence: list[tuple[object, Observation, Verdict]],
+) -> None:
+    rules = Arbitrary()
+    gate = Gate(PROFILE, rules=rules)
+    for raw, observation, verdict in sequence:
+        rules.verdict = verdict
+        before = gate.masks.view()
+        decision = gate.decide(raw)  # type: ignore[arg-type]  # never raises
+        after = gate.masks.view()
+        assert (after.affordances, after.evidence, after.posture_admissible) == (
+            before.affordances,
+            before.evidence,
+            before.posture_admissible,
+        )
+        assert gate.awaiting_observation is decision.needs_execution
+        if decision.needs_execution:
+            gate.observe(observation)
+        else:
+            with pytest.raises(RuntimeError):
+                gate.observe(observation)

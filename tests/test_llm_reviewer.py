@@ -3,6 +3,9 @@ prompt is sent, the answer parsed or failed closed, the time-out honoured."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from cmbs_async import Outcome, run_scenario
@@ -14,7 +17,7 @@ from cmbs_async.review import (
     ReviewerError,
     ReviewRequest,
     SupervisionConfig,
-    parse_verdict,
+    Verdict3,
 )
 from executors import NullExecutor
 
@@ -38,43 +41,45 @@ REQUEST = ReviewRequest(
 async def test_the_real_model_is_asked_and_its_answer_parsed_or_failed_closed(
     llama: LlamaServer,
 ) -> None:
-    reviewer = OpenAIReviewer(
-        SupervisionConfig(base_url=llama.base_url, model="smollm2", timeout_seconds=60)
-    )
-    try:
-        verdict = await reviewer.review(REQUEST)
-    except ReviewerError:
-        verdict = None
+    config = SupervisionConfig(base_url=llama.base_url, model="smollm2", timeout_seconds=60)
+    verdict: Verdict3 | None = None
+    failure: str | None = None
+    async with OpenAIReviewer(config) as reviewer:
+        try:
+            verdict = (await reviewer.review(REQUEST)).verdict
+        except ReviewerError as exc:
+            failure = str(exc)
     assert reviewer.last_prompt is not None and "ORIGINAL GOAL:" in reviewer.last_prompt
-    assert reviewer.last_reply is not None  # the model answered something
-    try:
-        expected = parse_verdict(reviewer.last_reply)
-    except ReviewerError:
-        expected = None
-    assert verdict == expected
+    assert reviewer.last_reply is not None  # the model answered: no transport or HTTP failure
+    if failure is None:
+        assert verdict is not None
+        assert re.search(rf"VERDICT\W*{verdict.value}", reviewer.last_reply, re.IGNORECASE)
+    else:  # refused by the strict parser, for a reason it names
+        assert failure.startswith(("the answer has", "the VERDICT is", "a REORIENT verdict"))
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_run_reviewed_by_the_real_model_is_recorded_and_replays(
-    llama: LlamaServer, tmp_path: object
+    llama: LlamaServer, tmp_path: Path
 ) -> None:
     config = SupervisionConfig(base_url=llama.base_url, model="smollm2", timeout_seconds=60)
     store = SQLiteAuditStore(
         f"{tmp_path}/a.db",
-        key=load_or_create_key(f"{tmp_path}/k"),  # type: ignore[str-bytes-safe]
+        key=load_or_create_key(f"{tmp_path}/k"),
     )
     agent, _ = replaying(
         step("check_status", {"command": "true"}),
         assessed("check_status", {"command": "true"}, commitment_met=False),
     )
     try:
-        result = await run_scenario(
-            demo_scenario(),
-            agent=agent,
-            executor=NullExecutor(),
-            review=Review(reviewer=OpenAIReviewer(config), config=config),
-            audit=store,
-        )
+        async with OpenAIReviewer(config) as reviewer:
+            result = await run_scenario(
+                demo_scenario(),
+                agent=agent,
+                executor=NullExecutor(),
+                review=Review(reviewer=reviewer, config=config),
+                audit=store,
+            )
         records = [r for r in store.records(result.session_id) if r.kind == "supervision"]
         assert len(records) == 1
         supervision = records[0].data
@@ -96,11 +101,12 @@ async def test_the_timeout_is_honoured_and_fails_closed(llama: LlamaServer) -> N
         step("check_status", {"command": "true"}),
         assessed("check_status", {"command": "true"}, scope_changed=True),
     )
-    result = await run_scenario(
-        demo_scenario(),
-        agent=agent,
-        executor=NullExecutor(),
-        review=Review(reviewer=OpenAIReviewer(config), config=config),
-    )
+    async with OpenAIReviewer(config) as reviewer:
+        result = await run_scenario(
+            demo_scenario(),
+            agent=agent,
+            executor=NullExecutor(),
+            review=Review(reviewer=reviewer, config=config),
+        )
     assert result.outcome is Outcome.PAUSED_NO_HUMAN
     assert result.reason == "fail-closed: no verdict within 0.05 s"

@@ -9,7 +9,7 @@ import pytest
 
 from executors import LocalExecutor, PathRefused, confine
 
-from .helpers import live_pids
+from .helpers import processes_with, unique_seconds
 
 pytestmark = pytest.mark.anyio
 
@@ -88,39 +88,40 @@ async def test_output_is_capped_head_and_tail(tmp_path: Path) -> None:
     assert len(out.head) + len(out.tail) <= 1000
 
 
-async def test_timeout_kills_the_whole_group(executor: LocalExecutor, tmp_path: Path) -> None:
-    pidfile = tmp_path / "pids"
-    command = f"sh -c 'echo $$ >> {pidfile}; sleep 60' & echo $$ >> {pidfile}; sleep 60"
+@pytest.fixture(params=["bwrap", "none"])
+def contained(request: pytest.FixtureRequest) -> LocalExecutor:
+    """The executor in the sandbox and without it: both kill all a command started."""
+    return LocalExecutor(sandbox=request.param, kill_grace=0.3)
+
+
+async def test_timeout_kills_the_whole_group(contained: LocalExecutor, tmp_path: Path) -> None:
+    mark = unique_seconds()
+    command = f"sh -c 'sleep {mark}' & sleep {mark}"
     with anyio.fail_after(10):
-        observation = await executor.run_command(str(tmp_path), command, timeout=0.5)
+        observation = await contained.run_command(str(tmp_path), command, timeout=0.5)
     assert observation.timed_out and not observation.success
     assert observation.error == "command timed out after 0.5 s"
-    pids = [int(p) for p in pidfile.read_text().split()]
-    assert len(pids) == 2
-    assert live_pids(pids) == []
+    assert processes_with(mark) == []
 
 
 async def test_a_grandchild_holding_the_pipe_does_not_block(
-    executor: LocalExecutor, tmp_path: Path
+    contained: LocalExecutor, tmp_path: Path
 ) -> None:
-    pidfile = tmp_path / "pid"
+    mark = unique_seconds()
     with anyio.fail_after(5):
-        observation = await executor.run_command(
-            str(tmp_path), f"sleep 60 & echo $! > {pidfile}; echo done", timeout=30
+        observation = await contained.run_command(
+            str(tmp_path), f"sleep {mark} & echo done", timeout=30
         )
     assert observation.success and observation.stdout.text == "done\n"
-    assert live_pids([int(pidfile.read_text())]) == []
+    assert processes_with(mark) == []
 
 
-async def test_cancellation_kills_the_whole_group(executor: LocalExecutor, tmp_path: Path) -> None:
-    pidfile = tmp_path / "pids"
-    command = (
-        f"sh -c 'trap \"\" TERM; echo $$ >> {pidfile}; exec sleep 60' & echo $$ >> {pidfile}; wait"
-    )
+async def test_cancellation_kills_the_whole_group(contained: LocalExecutor, tmp_path: Path) -> None:
+    mark = unique_seconds()
+    command = f"sh -c 'trap \"\" TERM; exec sleep {mark}' & wait"
     with anyio.move_on_after(0.5):
-        await executor.run_command(str(tmp_path), command, timeout=None)
-    pids = [int(p) for p in pidfile.read_text().split()]
-    assert len(set(pids)) == 2 and live_pids(pids) == []
+        await contained.run_command(str(tmp_path), command, timeout=None)
+    assert processes_with(mark) == []
 
 
 async def test_prepare_creates_workdir_and_seeds_files(

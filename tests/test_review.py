@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 
 from cmbs_async import CallableAgent, Outcome, ScenarioSpec, Turn, Verdict, run_scenario
@@ -31,6 +30,7 @@ from cmbs_async.review import (
 from executors import NullExecutor
 
 from .helpers import step
+from .test_chat_client import ChatApp, completion
 
 pytestmark = pytest.mark.anyio
 
@@ -147,8 +147,8 @@ async def test_continue_lets_the_gate_decide_as_usual() -> None:
     request = reviewer.requests[0]
     assert request.goal == "check" and "step 1: check_status true" in request.trace
     assert [f.trigger for f in request.flags] == ["low_confidence"]
-    # the review let it through; the gate still blocks a declaration without a violation signal
-    assert result.trace[1].verdict is Verdict.ALLOW  # evidence is successful: it is legal
+    # the review let it through, and the gate allows it: the check before earned the evidence
+    assert result.trace[1].verdict is Verdict.ALLOW
 
 
 async def test_the_review_never_allows_more_than_the_gate() -> None:
@@ -262,46 +262,16 @@ async def test_a_slow_reviewer_fails_closed() -> None:
 # -- the stock reviewer over HTTP (in-process ASGI app for exact edge cases) ----------------
 
 
-def asgi_app(status: int, body: object) -> object:
-    seen: list[dict[str, object]] = []
-
-    async def app(scope: dict[str, object], receive: object, send: object) -> None:
-        request = b""
-        while True:
-            message = await receive()  # type: ignore[operator]
-            request += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        seen.append(json.loads(request))
-        payload = json.dumps(body).encode() if not isinstance(body, bytes) else body
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,  # type: ignore[operator]
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})  # type: ignore[operator]
-
-    app.seen = seen  # type: ignore[attr-defined]
-    return app
-
-
-def completion(text: str) -> dict[str, object]:
-    return {"choices": [{"message": {"role": "assistant", "content": text}}]}
-
-
 REQUEST = ReviewRequest(goal="g", commitment="c", trace="t", assessment="a", flags=())
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_openai_reviewer_sends_the_seed_prompt_and_parses() -> None:
-    app = asgi_app(200, completion("VERDICT: CONTINUE\nREASONING: on track"))
+    app = ChatApp(lambda body: (200, completion("VERDICT: CONTINUE\nREASONING: on track")))
     config = SupervisionConfig(base_url="http://reviewer/v1", model="m")
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app)) as client:  # type: ignore[arg-type]
+    async with app.client() as client:
         verdict = await OpenAIReviewer(config, client=client).review(REQUEST)
     assert verdict.verdict is Verdict3.CONTINUE
-    sent = app.seen[0]  # type: ignore[attr-defined]
+    sent = app.bodies[0]
     prompt = sent["messages"][0]["content"]
     for section in (
         "ORIGINAL GOAL:",
@@ -315,7 +285,6 @@ async def test_openai_reviewer_sends_the_seed_prompt_and_parses() -> None:
     assert sent["model"] == "m" and sent["temperature"] == 0
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize(
     ("status", "body", "why"),
     [
@@ -327,9 +296,9 @@ async def test_openai_reviewer_sends_the_seed_prompt_and_parses() -> None:
 async def test_openai_reviewer_failures_are_reviewer_errors(
     status: int, body: object, why: str
 ) -> None:
-    app = asgi_app(status, body)
+    app = ChatApp(lambda request: (status, body))
     config = SupervisionConfig(base_url="http://reviewer/v1")
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app)) as client:  # type: ignore[arg-type]
+    async with app.client() as client:
         with pytest.raises(ReviewerError, match=why):
             await OpenAIReviewer(config, client=client).review(REQUEST)
 

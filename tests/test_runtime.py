@@ -23,7 +23,7 @@ from cmbs_async.demo import demo_agent, demo_scenario
 from cmbs_async.events import Events
 from executors import LocalExecutor, NullExecutor
 
-from .helpers import live_pids, step
+from .helpers import processes_with, step, unique_seconds
 
 pytestmark = pytest.mark.anyio
 
@@ -75,9 +75,9 @@ async def test_agent_sees_goal_responses_and_masks() -> None:
     assert second.response.last_observation.action == "generate_script"
 
 
-async def test_deadline_kills_a_forking_command_and_ends_the_run(tmp_path: Path) -> None:
-    pidfile = tmp_path / "pids"
-    command = f"sh -c 'echo $$ >> {pidfile}; exec sleep 60' & echo $$ >> {pidfile}; sleep 60"
+async def test_deadline_kills_a_forking_command_and_ends_the_run() -> None:
+    mark = unique_seconds()
+    command = f"setsid sh -c 'exec sleep {mark}' & sleep {mark}"
     agent = ScriptedAgent([step("check_status", {"command": command})])
     started = anyio.current_time()
     result = await run_scenario(
@@ -86,9 +86,9 @@ async def test_deadline_kills_a_forking_command_and_ends_the_run(tmp_path: Path)
     elapsed = anyio.current_time() - started
     assert result.outcome is Outcome.DEADLINE_EXCEEDED
     assert result.reason == "deadline of 1 s exceeded"
+    assert result.sandbox == "bwrap"
     assert elapsed < 3.0
-    pids = [int(p) for p in pidfile.read_text().split()]
-    assert len(set(pids)) == 2 and live_pids(pids) == []
+    assert processes_with(mark) == []
 
 
 async def test_an_agent_that_hangs_meets_the_deadline() -> None:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
@@ -18,7 +19,10 @@ import pytest
 
 from cmbs_async import Gate, Outcome, ScenarioSpec, ScriptedAgent, load_profile, run_scenario
 from cmbs_async.demo import demo_agent, demo_scenario
+from cmbs_async.protocol import CommandEnv
+from executors import ExecutorError
 from executors.ssh import (
+    CONTAINMENTS,
     SSHAuthRefused,
     SSHExecutor,
     SSHHostKeyRejected,
@@ -26,8 +30,17 @@ from executors.ssh import (
     SSHUnreachable,
 )
 
-from .helpers import live_pids, step
-from .sshd import LocalSshd, free_port, sshd_available
+from .helpers import (
+    files_under,
+    listing,
+    live_pids,
+    processes_with,
+    step,
+    swap_the_workdir_run,
+    swapping,
+    unique_seconds,
+)
+from .sshd import LocalSshd, ThrowawayUser, free_port, sshd_available
 
 pytestmark = [
     pytest.mark.ssh,
@@ -59,9 +72,21 @@ def target(sshd: LocalSshd, **options: object) -> SSHTarget:
 
 
 @pytest.fixture
-async def executor(sshd: LocalSshd) -> object:
+async def executor(sshd: LocalSshd) -> AsyncIterator[SSHExecutor]:
     async with SSHExecutor(target(sshd), kill_grace=0.3) as ex:
         yield ex
+
+
+@pytest.fixture(params=CONTAINMENTS)
+async def contained(sshd: LocalSshd, request: pytest.FixtureRequest) -> AsyncIterator[SSHExecutor]:
+    """The executor held to one containment (each works as root here)."""
+    async with SSHExecutor(target(sshd), kill_grace=0.3, containments=(request.param,)) as ex:
+        yield ex
+
+
+def record_pid(pidfile: Path) -> str:
+    """Shell code appending the shell's pid as this host sees it (``$$`` is 1 in a namespace)."""
+    return f'read -r p _ < /proc/self/stat; echo "$p" >> {pidfile}'
 
 
 async def test_a_whole_scenario_runs_over_ssh(executor: SSHExecutor) -> None:
@@ -108,7 +133,7 @@ async def test_a_missing_program_is_unavailable_over_ssh(executor: SSHExecutor) 
 
 async def test_deadline_kills_the_remote_process_tree(sshd: LocalSshd, tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
-    command = f"sh -c 'echo $$ >> {pidfile}; exec sleep 60' & echo $$ >> {pidfile}; sleep 60"
+    command = f"sh -c '{record_pid(pidfile)}; exec sleep 60' & {record_pid(pidfile)}; sleep 60"
     async with SSHExecutor(target(sshd), kill_grace=0.3) as executor:
         started = anyio.current_time()
         result = await run_scenario(
@@ -130,7 +155,7 @@ async def test_a_command_timeout_kills_it_and_says_so(
     pidfile = tmp_path / "pid"
     with anyio.fail_after(10):
         observation = await executor.run_command(
-            str(tmp_path), f"echo $$ > {pidfile}; sleep 60", timeout=0.5
+            str(tmp_path), f"{record_pid(pidfile)}; sleep 60", timeout=0.5
         )
     assert observation.timed_out and not observation.success
     assert observation.error == "command timed out after 0.5 s"
@@ -143,7 +168,10 @@ async def test_a_background_grandchild_does_not_hold_the_channel(
     pidfile = tmp_path / "pid"
     with anyio.fail_after(5):
         observation = await executor.run_command(
-            str(tmp_path), f"sleep 60 & echo $! > {pidfile}; echo done", timeout=30
+            str(tmp_path),
+            f"sh -c '{record_pid(pidfile)}; exec sleep 60' & "
+            f"until [ -s {pidfile} ]; do sleep 0.01; done; echo done",
+            timeout=30,
         )
     assert observation.success and observation.stdout.text == "done\n"
     await anyio.sleep(0.2)
@@ -254,3 +282,252 @@ def test_cli_runs_a_scenario_over_ssh(sshd: LocalSshd, tmp_path: Path) -> None:
     assert json.loads(done.stdout)["trace"][0]["observed"] == "exit 0: hi"
     assert "host_key_check_disabled" in done.stderr
     assert sshd.client_key not in done.stderr + done.stdout
+
+
+# -- what a hostile command leaves behind -----------------------------------------------
+
+#: What a command may start to outlive itself, each around ``sleep MARKER``.
+LEFTOVERS = {
+    "background job": "sleep {} &",
+    "TERM-ignoring job": "sh -c 'trap \"\" TERM; sleep {}' &",
+    "setsid": "setsid sleep {} &",
+    "double fork": "(sh -c 'sleep {} &' &);",
+    "nohup": "nohup sleep {} >/dev/null 2>&1 &",
+}
+
+
+@pytest.fixture
+def markers() -> Iterator[dict[str, str]]:
+    """A unique ``sleep`` argument per leftover; whatever still runs with one is killed after."""
+    chosen = {name: unique_seconds() for name in LEFTOVERS}
+    yield chosen
+    for marker in chosen.values():
+        for pid in processes_with(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def launch_and_confirm(markers: dict[str, str]) -> str:
+    """Shell code starting every leftover, then printing how many it saw running (the host's
+    process table, read from inside; ``slee[p]`` keeps pgrep from matching itself)."""
+    launch = " ".join(LEFTOVERS[name].format(marker) for name, marker in markers.items())
+    patterns = " ".join(f"'slee[p] {marker}'" for marker in markers.values())
+    return (
+        f"{launch} i=0; while :; do n=0; for m in {patterns}; do "
+        'pgrep -f "$m" >/dev/null && n=$((n+1)); done; '
+        f"[ $n = {len(markers)} ] || [ $i = 200 ] && break; sleep 0.05; i=$((i+1)); done; "
+        "echo running=$n"
+    )
+
+
+async def survivors(markers: dict[str, str]) -> dict[str, list[int]]:
+    """The leftovers still running after a moment's grace for the kernel to reap them."""
+    with anyio.move_on_after(10):
+        while any(processes_with(marker) for marker in markers.values()):  # noqa: ASYNC110
+            await anyio.sleep(0.05)  # nothing tells when a process elsewhere is gone
+    return {name: pids for name, marker in markers.items() if (pids := processes_with(marker))}
+
+
+async def test_nothing_a_command_starts_outlives_it(
+    contained: SSHExecutor, markers: dict[str, str], tmp_path: Path
+) -> None:
+    observation = await contained.run_command(
+        str(tmp_path), launch_and_confirm(markers), timeout=60
+    )
+    assert observation.stdout.text == f"running={len(markers)}\n", observation.stderr.text
+    assert observation.success
+    assert contained.containment == contained.containments[0]
+    assert await survivors(markers) == {}
+
+
+async def test_a_time_out_kills_what_ignores_term_or_left_the_session(
+    contained: SSHExecutor, markers: dict[str, str], tmp_path: Path
+) -> None:
+    command = f"{launch_and_confirm(markers)}; trap '' TERM; sleep 60"
+    with anyio.fail_after(30):
+        observation = await contained.run_command(str(tmp_path), command, timeout=5)
+    assert observation.timed_out
+    assert observation.stdout.text == f"running={len(markers)}\n", observation.stderr.text
+    assert await survivors(markers) == {}
+
+
+async def test_a_dropped_connection_ends_the_remote_command(
+    sshd: LocalSshd, markers: dict[str, str], tmp_path: Path, containment: str
+) -> None:
+    async with SSHExecutor(target(sshd), containments=(containment,)) as executor:
+
+        async def kill_the_sshd_child_once_all_run() -> None:
+            while not all(processes_with(m) for m in markers.values()):  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+            assert sshd.process is not None
+            found = await anyio.run_process(["pgrep", "-P", str(sshd.process.pid)], check=False)
+            for pid in found.stdout.decode().split():
+                os.kill(int(pid), signal.SIGKILL)
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(kill_the_sshd_child_once_all_run)
+                observation = await executor.run_command(
+                    str(tmp_path), f"{launch_and_confirm(markers)}; sleep 60", timeout=None
+                )
+    assert observation.error == f"connection to {target(sshd).label} lost during the command"
+    assert await survivors(markers) == {}
+
+
+@pytest.fixture(params=CONTAINMENTS)
+def containment(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def test_the_containment_is_known_once_connected(sshd: LocalSshd) -> None:
+    executor = SSHExecutor(target(sshd))
+    assert executor.containment == "unknown"
+    async with executor:
+        await executor.run_command("/", "true", timeout=10)
+        assert executor.containment == "pidns"  # the fixture's sshd logs in as root
+    with pytest.raises(ValueError, match="containments must be some of"):
+        SSHExecutor(target(sshd), containments=("chroot",))
+
+
+@pytest.fixture(scope="module")
+def user_sshd() -> Iterator[LocalSshd]:
+    """An sshd logging in as a throwaway user without root, whose shell is /bin/sh."""
+    with ThrowawayUser("cmbstest") as user, LocalSshd(user=user) as server:
+        yield server
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="adding a throwaway user needs root")
+async def test_a_login_without_root_gets_the_containment_it_may_use(
+    user_sshd: LocalSshd, markers: dict[str, str]
+) -> None:
+    # unshare needs CAP_SYS_ADMIN; bwrap works where unprivileged user namespaces do
+    bwrap = ["bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--", "true"]
+    allowed = await anyio.run_process(["su", user_sshd.user, "-c", shlex.join(bwrap)], check=False)
+    expected = "bwrap" if allowed.returncode == 0 else "session-kill"
+    async with SSHExecutor(target(user_sshd)) as executor:
+        workdir = await executor.prepare(None, {})
+        observation = await executor.run_command(workdir, launch_and_confirm(markers), timeout=60)
+        await executor.cleanup(workdir)
+    assert executor.containment == expected
+    assert observation.stdout.text == f"running={len(markers)}\n", observation.stderr.text
+    assert await survivors(markers) == {}
+    async with SSHExecutor(target(user_sshd), containments=("pidns",)) as executor:
+        with pytest.raises(ExecutorError, match="allows none of the containments pidns"):
+            await executor.prepare(None, {})
+
+
+# -- a login shell that talks first ------------------------------------------------------
+
+#: What a chatty profile or a ForceCommand wrapper prints on stderr before any command,
+#: the last line unfinished and more than a read's worth.
+NOISE = "Last login: never\n" + "x" * 70_000 + "\nno newline here"
+
+
+@pytest.fixture(scope="module")
+def noisy_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSshd]:
+    noise = tmp_path_factory.mktemp("motd") / "noise"
+    noise.write_text(NOISE)
+    force = f'ForceCommand cat {noise} >&2; eval "$SSH_ORIGINAL_COMMAND"\n'
+    with LocalSshd(extra_config=force) as server:
+        yield server
+
+
+async def test_the_wrapper_is_found_after_what_the_login_shell_prints(
+    noisy_sshd: LocalSshd, tmp_path: Path
+) -> None:
+    flag = tmp_path / "got-term"
+    marker = unique_seconds()
+    async with SSHExecutor(target(noisy_sshd), kill_grace=0.3, output_cap=1 << 20) as executor:
+        plain = await executor.run_command(str(tmp_path), "echo out; echo err >&2", timeout=30)
+        timed = await executor.run_command(
+            str(tmp_path), f"trap 'echo term > {flag}; exit 0' TERM; sleep {marker}", timeout=1
+        )
+    assert plain.success and plain.stdout.text == "out\n"
+    assert plain.stderr.text == NOISE + "err\n"  # the wrapper's marker is cut out
+    assert timed.timed_out and "cmbs-" not in timed.stderr.text
+    assert flag.read_text() == "term\n"  # the group got TERM: its id was read
+    assert processes_with(marker) == []
+
+
+# -- artifacts a hostile command prepared for ---------------------------------------------
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """A directory outside every workdir; it holds one file the attacks must not touch."""
+    directory = tmp_path / "outside"
+    directory.mkdir()
+    (directory / "keep").write_text("keep")
+    return directory
+
+
+async def test_a_hard_link_to_a_file_outside_is_replaced_not_written_through(
+    executor: SSHExecutor, tmp_path: Path
+) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("secret")
+    workdir = await executor.prepare(str(tmp_path / "work"), {})
+    linked = await executor.run_command(workdir, f"ln {victim} hl", timeout=30)
+    assert linked.success and victim.stat().st_nlink == 2
+
+    observation = await executor.write_artifact(workdir, "hl", "new")
+
+    assert observation.success
+    assert victim.read_text() == "secret" and victim.stat().st_nlink == 1
+    assert (tmp_path / "work" / "hl").read_text() == "new"
+
+
+async def test_a_workdir_swapped_for_a_link_ends_the_run_in_executor_error(
+    sshd: LocalSshd, outside: Path
+) -> None:
+    spec, agent = swap_the_workdir_run(outside)
+    async with SSHExecutor(target(sshd)) as executor:
+        result = await run_scenario(spec, agent=agent, executor=executor)
+    assert result.outcome is Outcome.EXECUTOR_ERROR
+    assert result.reason is not None
+    assert result.reason.startswith("workdir /tmp/cmbs-")
+    assert result.reason.endswith(" was deleted or replaced during the run")
+    assert listing(outside) == ["keep"]
+
+
+async def test_a_workdir_not_prepared_here_is_checked_from_its_first_write(
+    executor: SSHExecutor, tmp_path: Path, outside: Path
+) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    assert (await executor.write_artifact(str(workdir), "a", "1")).success
+    workdir.rename(tmp_path / "moved")
+    workdir.symlink_to(outside)
+    with pytest.raises(ExecutorError, match="was deleted or replaced during the run"):
+        await executor.write_artifact(str(workdir), "a", "2")
+    assert listing(outside) == ["keep"]
+
+
+async def test_a_daemon_swapping_a_directory_for_a_link_gets_nothing_outside(
+    executor: SSHExecutor, tmp_path: Path, outside: Path
+) -> None:
+    workdir = await executor.prepare(str(tmp_path / "work"), {})
+    written, refused = set(), set()
+    with swapping(workdir, outside):
+        for i in range(200):
+            observation = await executor.write_artifact(workdir, f"sub/f{i}", str(i))
+            if observation.success:
+                written.add(i)
+            else:
+                assert observation.error is not None and f"'sub/f{i}'" in observation.error
+                refused.add(i)
+    assert listing(outside) == ["keep"]
+    assert written and refused  # the race was on: both outcomes happened
+    assert files_under(workdir) == {f"f{i}": str(i) for i in written}
+
+
+async def test_a_scenarios_declared_environment_reaches_remote_commands(
+    executor: SSHExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", "/etc/kube/config")
+    monkeypatch.setenv("CMBS_AGENT_API_KEY", "sk-agent-secret")
+    declared = CommandEnv(values={"SCENARIO_VAR": "a b'c"}, pass_env=("KUBECONFIG",))
+    observation = await executor.run_command(str(tmp_path), "env", timeout=30, env=declared)
+    assert observation.success
+    assert "SCENARIO_VAR=a b'c" in observation.stdout.text
+    assert "KUBECONFIG=/etc/kube/config" in observation.stdout.text
+    assert "sk-agent-secret" not in observation.stdout.text

@@ -1,16 +1,20 @@
 """SSH executor edge cases a real sshd cannot produce on demand: an in-process asyncssh
-server that refuses channels, and the clear error under trio."""
+server that refuses channels, the clear error under trio, a marker cut across reads,
+and an install without sniffio."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import asyncssh
 import pytest
 
 from cmbs_async import Outcome, ScenarioSpec, ScriptedAgent, run_scenario
 from executors import ExecutorError
-from executors.ssh import SSHExecutor, SSHTarget
+from executors.ssh import SSHExecutor, SSHTarget, _Session
 
 from .helpers import step
 
@@ -75,6 +79,7 @@ async def test_refused_channel_opens_are_retried(server: tuple[int, str]) -> Non
         observation = await executor.run_command("/", "anything", timeout=10)
     assert observation.success and observation.stdout.text == "ran\n"
     assert _Refusing.refusals == 0
+    assert executor.containment == "session-kill"  # no shell answered the probe: the weakest
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
@@ -114,3 +119,41 @@ def test_targets_parse_and_say_what_is_wrong() -> None:
     for bad in ("http://x", "ssh://", "ssh://h:99999", "ssh://h/path"):
         with pytest.raises(ValueError, match="ssh://"):
             SSHTarget.parse(bad)
+
+
+def test_the_marker_is_found_when_cut_across_reads_and_cut_out() -> None:
+    session = _Session(1 << 20, "0123abcd")
+    stream = b"motd\n" + b"x" * 200 + b"cmbs-0123abcd=4242\nerr\n"
+    for i in range(0, len(stream), 7):  # sshd may hand stderr over in any pieces
+        session.data_received(stream[i : i + 7], asyncssh.EXTENDED_DATA_STDERR)
+    session.finish()
+    assert session.pgid == 4242
+    assert session.stderr.output().text == "motd\n" + "x" * 200 + "err\n"
+
+
+def test_an_other_nonce_is_not_the_marker() -> None:
+    session = _Session(1 << 20, "0123abcd")
+    session.data_received(b"cmbs-ffffffff=1\n", asyncssh.EXTENDED_DATA_STDERR)
+    session.finish()
+    assert session.pgid is None and session.stderr.output().text == "cmbs-ffffffff=1\n"
+
+
+def test_the_ssh_executor_needs_no_sniffio() -> None:
+    """anyio 4.16 no longer installs sniffio: a plain ``pip install .`` has none."""
+    code = (
+        "import sys; sys.modules['sniffio'] = None\n"
+        "import anyio\n"
+        "from executors.ssh import SSHExecutor, SSHTarget\n"
+        "async def main():\n"
+        "    try:\n"
+        "        await SSHExecutor(SSHTarget(host='127.0.0.1', port=1)).prepare(None, {})\n"
+        "    except Exception as exc:\n"
+        "        print(type(exc).__name__)\n"
+        "anyio.run(main)\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "SSHUnreachable\n"

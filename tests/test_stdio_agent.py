@@ -10,7 +10,10 @@ import anyio
 import pytest
 
 from cmbs_async import Outcome, ScenarioSpec, StdioAgent, run_scenario
+from cmbs_async.agents.stdio import Isolation
 from executors import LocalExecutor, NullExecutor
+
+from .helpers import live_pids
 
 pytestmark = pytest.mark.anyio
 
@@ -71,13 +74,180 @@ async def test_a_crash_is_an_agent_error_with_its_stderr(tmp_path: Path) -> None
 
 
 async def test_a_hang_is_an_agent_error_and_the_program_is_gone(tmp_path: Path) -> None:
-    pidfile = tmp_path / "pid"
-    agent = StdioAgent(f"echo $$ > {pidfile}; echo 'thinking...' >&2; sleep 60", step_timeout=0.5)
+    script = tmp_path / "agent.sh"
+    script.write_text("echo 'thinking...' >&2\nwhile :; do sleep 1; done\n")
+    agent = StdioAgent(f"sh {script}", step_timeout=0.5)
     with anyio.fail_after(10):
         result = await run_scenario(SPEC, agent=agent, executor=NullExecutor())
     assert result.outcome is Outcome.AGENT_ERROR
     assert result.reason is not None and "gave no step within 0.5 s" in result.reason
     assert "thinking..." in result.reason
-    pid = int(pidfile.read_text())
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
+    assert running(str(tmp_path)) == []
+
+
+def running(marker: str) -> list[int]:
+    """Pids of the live processes whose command line mentions ``marker``."""
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            pids.append(int(entry))
+    return live_pids(pids)
+
+
+CHILD = """trap "" TERM
+touch "{started}/$$"
+while :; do sleep 1; done
+"""
+
+STUBBORN_AGENT = """trap "" TERM
+read turn
+readlink /proc/self/ns/pid > {tmp}/ns
+{children}
+while [ "$(ls {started} | wc -l)" -lt {count} ]; do sleep 0.05; done
+{ending}
+"""
+
+HOLDS_ON = "echo\nwhile :; do sleep 1; done"  # says it is done, then stays (TERM ignored)
+LEAVES = "exit 0"  # leaves its children behind
+
+# (their output goes elsewhere: a child holding the program's stdout would delay its end)
+IN_GROUP = ["sh {child} >&2 &", "sh -c 'sh {child} &' >&2"]  # a child, an orphaned grandchild
+SETSID = ["setsid sh {child} >&2 &"]  # a session (and process group) of its own
+
+
+@pytest.mark.parametrize("ending", [HOLDS_ON, LEAVES], ids=["holds-on", "leaves"])
+@pytest.mark.parametrize(
+    ("isolate", "children"),
+    [("auto", IN_GROUP + SETSID), ("group", IN_GROUP)],
+    ids=["auto", "group"],
+)
+async def test_nothing_a_program_starts_outlives_it(
+    tmp_path: Path, isolate: Isolation, children: list[str], ending: str
+) -> None:
+    """The program and its children ignore TERM; one child is orphaned, one calls setsid
+    (which only a PID namespace contains)."""
+    started = tmp_path / "started"
+    started.mkdir()
+    child = tmp_path / "child.sh"
+    child.write_text(CHILD.format(started=started))
+    script = tmp_path / "agent.sh"
+    script.write_text(
+        STUBBORN_AGENT.format(
+            tmp=tmp_path,
+            started=started,
+            count=len(children),
+            ending=ending,
+            children="\n".join(children).format(child=child),
+        )
+    )
+    with anyio.fail_after(20):
+        result = await run_scenario(
+            SPEC, agent=StdioAgent(["sh", str(script)], isolate=isolate), executor=NullExecutor()
+        )
+    assert result.outcome is Outcome.AGENT_FINISHED
+    assert len(list(started.iterdir())) == len(children)
+    assert running(str(tmp_path)) == []
+    own_namespace = (tmp_path / "ns").read_text().strip() != os.readlink("/proc/self/ns/pid")
+    assert own_namespace is (isolate == "auto")  # bwrap works here
+
+
+async def test_in_its_namespace_the_program_keeps_the_host_files_and_its_environment(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "note").write_text("hello")
+    agent = StdioAgent(
+        'read turn; echo "$API_KEY $(pwd) $(cat note) $(id -u)" > seen',
+        isolate="pidns",
+        cwd=str(tmp_path),
+        env={"PATH": os.defpath, "API_KEY": "sk-123"},
+    )
+    result = await run_scenario(SPEC, agent=agent, executor=NullExecutor())
+    assert result.outcome is Outcome.AGENT_FINISHED
+    assert (tmp_path / "seen").read_text().split() == ["sk-123", str(tmp_path), "hello", "0"]
+    assert (tmp_path / "seen").stat().st_uid == os.getuid()
+
+
+async def test_without_bwrap_auto_falls_back_to_a_group_and_pidns_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found
+    command = f"read turn; readlink /proc/self/ns/pid > {tmp_path}/ns"
+    env = {"PATH": os.defpath}
+    fallback = StdioAgent(command, isolate="auto", env=env)
+    result = await run_scenario(SPEC, agent=fallback, executor=NullExecutor())
+    assert result.outcome is Outcome.AGENT_FINISHED
+    assert (tmp_path / "ns").read_text().strip() == os.readlink("/proc/self/ns/pid")
+    refused = StdioAgent(command, isolate="pidns", env=env)
+    result = await run_scenario(SPEC, agent=refused, executor=NullExecutor())
+    assert result.outcome is Outcome.AGENT_ERROR
+    assert result.reason is not None
+    assert "isolate='pidns' needs bwrap on the PATH" in result.reason
+
+
+def test_an_unknown_isolation_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="isolate must be 'auto', 'pidns' or 'group', not 'none'"):
+        StdioAgent("true", isolate="none")  # type: ignore[arg-type]
+
+
+LONG_LINES = r"""
+import sys
+n = int(sys.argv[1])
+step = '{"belief": {}, "action": {"type": "check_status", "payload": {"command": "true"}}}'
+for width in (n, n + 1):
+    sys.stdin.readline()
+    print(step.ljust(width), flush=True)
+sys.stdin.readline()
+"""
+
+
+async def test_a_line_of_max_line_bytes_passes_and_one_more_byte_fails(tmp_path: Path) -> None:
+    script = tmp_path / "agent.py"
+    script.write_text(LONG_LINES)
+    agent = StdioAgent([sys.executable, str(script), "300"], max_line_bytes=300)
+    result = await run_scenario(SPEC, agent=agent, executor=NullExecutor())
+    assert [t.verdict.value for t in result.trace] == ["ALLOW"]
+    assert result.outcome is Outcome.AGENT_ERROR
+    assert result.reason is not None and "sent a line over 300 bytes" in result.reason
+
+
+FLOOD = """
+import sys
+sys.stdin.readline()
+chunk = b"x" * (1 << 20)
+for _ in range(200):
+    sys.stdout.buffer.write(chunk)
+"""
+
+
+def _reset_peak_rss() -> None:
+    """VmHWM starts again from the current RSS (Linux 4.0+)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(field)
+
+
+async def test_200_mib_without_a_newline_is_an_agent_error_in_flat_memory(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "flood.py"
+    script.write_text(FLOOD)
+    _reset_peak_rss()
+    before = _status_kib("VmRSS")
+    with anyio.fail_after(30):
+        result = await run_scenario(
+            SPEC, agent=StdioAgent([sys.executable, str(script)]), executor=NullExecutor()
+        )
+    growth_mib = (_status_kib("VmHWM") - before) / 1024
+    assert result.outcome is Outcome.AGENT_ERROR
+    assert result.reason is not None and "sent a line over 1048576 bytes" in result.reason
+    assert growth_mib < 50, f"peak RSS grew by {growth_mib:.0f} MiB"
+    assert running(str(tmp_path)) == []

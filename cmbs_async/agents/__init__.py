@@ -3,7 +3,7 @@ and a language model behind any OpenAI-compatible endpoint."""
 
 from .base import Agent, AgentMessage
 from .callable import CallableAgent
-from .openai import OpenAIAgent
+from .openai import ModelEndpointError, OpenAIAgent
 from .scripted import ScriptedAgent
 from .stdio import AgentProcessError, StdioAgent
 
@@ -12,6 +12,7 @@ __all__ = [
     "AgentMessage",
     "AgentProcessError",
     "CallableAgent",
+    "ModelEndpointError",
     "OpenAIAgent",
     "ScriptedAgent",
     "StdioAgent",

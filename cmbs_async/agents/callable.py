@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from .._closing import Closing
 from ..protocol import Turn
 from .base import AgentMessage
 
@@ -12,8 +13,9 @@ __all__ = ["CallableAgent"]
 StepFunction = Callable[[Turn], Awaitable[AgentMessage | None]]
 
 
-class CallableAgent:
-    """Wraps ``async def step(turn) -> message | None``."""
+class CallableAgent(Closing):
+    """Wraps ``async def step(turn) -> message | None``; works in ``async with`` like every
+    agent (closing it closes nothing of the function's)."""
 
     def __init__(self, function: StepFunction) -> None:
         self._function = function

@@ -11,17 +11,17 @@ answers it.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Literal
 
-import anyio
 import httpx
 
+from .._chat import ChatEndpoint, completion_content
+from .._closing import Closing
 from ..profile import Profile, load_profile
 from ..protocol import Turn
 from .base import AgentMessage
 
-__all__ = ["OpenAIAgent"]
+__all__ = ["ModelEndpointError", "OpenAIAgent"]
 
 Format = Literal["auto", "json_schema", "json_object", "none"]
 
@@ -56,8 +56,20 @@ _PAYLOADS = {
 }
 
 
-class OpenAIAgent:
-    """``next_step`` asks the model once (retrying transport errors) and returns its text."""
+class ModelEndpointError(RuntimeError):
+    """The model endpoint was unreachable, or refused the request; the message says which.
+
+    Raised by :meth:`OpenAIAgent.next_step`: under ``run_scenario`` the run ends
+    ``agent_error`` with it as the reason.
+    """
+
+
+class OpenAIAgent(Closing):
+    """``next_step`` asks the model once (retrying transport errors) and returns its text.
+
+    Over ``client`` when given (its creator closes it), else over an HTTP client of its own
+    that :meth:`aclose`, or the end of ``async with``, closes.
+    """
 
     def __init__(
         self,
@@ -82,10 +94,15 @@ class OpenAIAgent:
         self.response_format: Format = response_format
         self.retries = retries
         self.timeout = timeout
-        self._client = client
-        self._own_client = client is None
+        self._chat = ChatEndpoint(
+            base_url=self.base_url, api_key_env=api_key_env, request_timeout=timeout, client=client
+        )
         self._schema = _inline(self.profile.step_json_schema())
-        self.requests = 0
+
+    @property
+    def requests(self) -> int:
+        """HTTP requests sent so far, retries included."""
+        return self._chat.requests
 
     @classmethod
     def from_spec(cls, spec: str, **options: Any) -> OpenAIAgent:
@@ -156,9 +173,11 @@ class OpenAIAgent:
             if reply.status_code == 200:
                 self.response_format = fmt
                 return _content(reply)
-            if reply.status_code not in (400, 422, 500) or fmt == "none":
-                raise RuntimeError(f"the model endpoint answered HTTP {reply.status_code}")
-        raise RuntimeError("the model endpoint accepted no request format")  # pragma: no cover
+            if reply.status_code not in (400, 422, 500):  # not a refusal of the format
+                raise ModelEndpointError(f"the model endpoint answered HTTP {reply.status_code}")
+        raise ModelEndpointError(
+            f"the model endpoint answered HTTP {reply.status_code} to every response format tried"
+        )
 
     def _formats(self) -> list[Format]:
         if self.response_format == "auto":
@@ -166,39 +185,22 @@ class OpenAIAgent:
         return [self.response_format]
 
     async def _post(self, body: dict[str, Any]) -> httpx.Response:
-        headers = {}
-        key = os.environ.get(self.api_key_env)
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        client = self._client or httpx.AsyncClient()
-        self._client = client
-        for attempt in range(self.retries + 1):
-            try:
-                self.requests += 1
-                return await client.post(
-                    f"{self.base_url}/chat/completions",
-                    json=body,
-                    headers=headers,
-                    timeout=self.timeout,
-                )
-            except httpx.TransportError as exc:
-                if attempt == self.retries:
-                    raise RuntimeError(
-                        f"the model endpoint is unreachable: {type(exc).__name__}"
-                    ) from None
-                await anyio.sleep(min(0.5 * 2**attempt, 5))
-        raise AssertionError("unreachable")  # pragma: no cover
+        try:
+            return await self._chat.post(body, retries=self.retries)
+        except httpx.TransportError as exc:
+            raise ModelEndpointError(
+                f"the model endpoint is unreachable: {type(exc).__name__}"
+            ) from None
 
     async def aclose(self) -> None:
-        if self._own_client and self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        """Close the HTTP client if it is the agent's own; safe to call twice."""
+        await self._chat.aclose()
 
 
 def _content(reply: httpx.Response) -> str:
     try:
-        text = reply.json()["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError):
+        text = completion_content(reply)
+    except ValueError:
         return reply.text  # not a chat completion: pass it on, the gate answers it
     return text if isinstance(text, str) else json.dumps(text)
 

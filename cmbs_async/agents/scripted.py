@@ -5,17 +5,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from .._closing import Closing
 from ..protocol import Turn
 from .base import AgentMessage
 
 __all__ = ["ScriptedAgent"]
 
 
-class ScriptedAgent:
+class ScriptedAgent(Closing):
     """Sends its messages in order, then says nothing more.
 
     From a JSONL file, each non-blank line is one message, sent verbatim: a line that is
     not valid JSON reaches the gate as it is, which is how malformed agents are tested.
+    It holds nothing to close, but works in ``async with`` like every agent.
     """
 
     def __init__(self, messages: Iterable[AgentMessage]) -> None:

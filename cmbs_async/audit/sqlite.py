@@ -27,6 +27,8 @@ from .store import AuditRecord, Entry, StepHistory
 __all__ = ["AuditError", "SQLiteAuditStore", "VerifyReport"]
 
 _GENESIS = "0" * 64
+#: seconds a write waits for another connection's lock (its transactions take milliseconds)
+DEFAULT_BUSY_TIMEOUT = 2.0
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
     session_id TEXT PRIMARY KEY,
@@ -66,9 +68,19 @@ class VerifyReport:
 
 
 class SQLiteAuditStore:
-    """Thread-safe; writing needs ``key`` (reading and verifying do not)."""
+    """Thread-safe; writing needs ``key`` (reading and verifying do not).
 
-    def __init__(self, path: str | Path, *, key: Ed25519PrivateKey | None = None) -> None:
+    A write waits at most ``busy_timeout`` seconds for another connection's lock, then
+    fails; the runtime stops waiting for a write at the run's deadline in any case.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        key: Ed25519PrivateKey | None = None,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+    ) -> None:
         self.path = Path(path)
         self._key = key
         self._public = public_key_text(key) if key is not None else None
@@ -79,7 +91,7 @@ class SQLiteAuditStore:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA busy_timeout=10000")
+            self._db.execute(f"PRAGMA busy_timeout={round(busy_timeout * 1000)}")
             self._db.executescript(_SCHEMA)
         except (sqlite3.Error, OSError) as exc:
             raise AuditError(f"cannot open audit database {self.path}: {exc}") from exc

@@ -1,14 +1,22 @@
 """The audit sink: one task that writes records through a worker thread, so the event
-loop never blocks on disk, and acknowledges each batch once it is durable."""
+loop never blocks on disk, and acknowledges each batch once it is durable.
+
+The sink opens the session as its first write, so opening waits where every record waits:
+inside the run's deadline. Nothing waits on the store longer than its caller does. A
+write whose caller stopped waiting (a deadline passed on a locked or slow database) is
+abandoned, not cancelled: its worker thread finishes a transaction that lands whole or
+not at all, and leaving the writer stops the sink at once instead of waiting for it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .sqlite import AuditError
@@ -30,12 +38,21 @@ class AuditWriter:
     def __init__(self, session_id: str, send: MemoryObjectSendStream[_Batch]) -> None:
         self.session_id = session_id
         self._send = send
+        #: a write was cancelled before its records were durable
+        self.stalled = False
 
     async def write(self, *entries: Entry) -> None:
-        """Return once ``entries`` are durable; :class:`AuditError` if they cannot be."""
+        """Return once ``entries`` are durable; :class:`AuditError` if they cannot be.
+
+        Cancelling the caller ends the wait, not the write; :attr:`stalled` then says so.
+        """
         batch = _Batch(list(entries))
-        await self._send.send(batch)
-        await batch.done.wait()
+        try:
+            await self._send.send(batch)
+            await batch.done.wait()
+        except anyio.get_cancelled_exc_class():
+            self.stalled = self.stalled or not batch.done.is_set()
+            raise
         if batch.error is not None:
             raise AuditError(str(batch.error)) from batch.error
 
@@ -44,24 +61,43 @@ class AuditWriter:
 async def open_audit_writer(
     store: AuditStore, session_id: str, session_data: dict[str, Any]
 ) -> AsyncIterator[AuditWriter]:
-    """Open a session in ``store`` and run its sink task for the ``async with`` body."""
-    await anyio.to_thread.run_sync(store.open_session, session_id, session_data)
+    """Run a sink that opens ``session_id`` in ``store``, for the ``async with`` body.
+
+    If the session cannot be opened, every write fails with the reason.
+    """
     send, receive = anyio.create_memory_object_stream[_Batch](16)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_sink, store, session_id, receive)
-        async with send:
-            yield AuditWriter(session_id, send)
+        sink: anyio.CancelScope = await tg.start(_sink, store, session_id, session_data, receive)
+        try:
+            async with send:
+                yield AuditWriter(session_id, send)
+        finally:
+            sink.cancel()  # every write has been acknowledged or given up by now
 
 
 async def _sink(
-    store: AuditStore, session_id: str, batches: MemoryObjectReceiveStream[_Batch]
+    store: AuditStore,
+    session_id: str,
+    session_data: dict[str, Any],
+    batches: MemoryObjectReceiveStream[_Batch],
+    *,
+    task_status: TaskStatus[anyio.CancelScope],
 ) -> None:
-    async with batches:
-        async for batch in batches:
-            try:
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(store.append, session_id, batch.entries)
-            except Exception as exc:
-                batch.error = exc
-            finally:
+    # Shielded so that a run cancelled from outside can still record its end; the writer's
+    # owner cancels this scope when the run is over.
+    with anyio.CancelScope(shield=True) as scope:
+        task_status.started(scope)
+        async with batches:
+            refused = await _durably(store.open_session, session_id, session_data)
+            async for batch in batches:
+                batch.error = refused or await _durably(store.append, session_id, batch.entries)
                 batch.done.set()
+
+
+async def _durably(call: Callable[..., None], *args: Any) -> Exception | None:
+    """Run one store call in a worker thread; its error, if any. Cancelling abandons it."""
+    try:
+        await anyio.to_thread.run_sync(call, *args, abandon_on_cancel=True)
+    except Exception as exc:
+        return exc
+    return None

@@ -6,6 +6,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from .._text import escape_controls
+
 __all__ = ["Progress"]
 
 
@@ -34,11 +36,12 @@ class Progress:
         if self.live:
             self._draw()
         else:
-            self.stream.write(
+            line = (
                 f"[{self.done}/{self.total}] {record.get('scenario_id')} {record.get('agent')} "
                 f"#{record.get('repeat')}: {record.get('outcome')} "
-                f"({float(record.get('duration_s') or 0):.2f} s)\n"
+                f"({float(record.get('duration_s') or 0):.2f} s)"
             )
+            self.stream.write(escape_controls(line) + "\n")
             self.stream.flush()
 
     def close(self) -> None:

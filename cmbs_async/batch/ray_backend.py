@@ -12,12 +12,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .jobs import BatchError, Job
 from .progress import Progress
 from .results import ResultLog
 from .runner import BatchReport
+
+if TYPE_CHECKING:
+    from executors.sandbox import SandboxMode
 
 __all__ = ["run_batch_ray"]
 
@@ -25,7 +28,7 @@ INSTALL_HINT = "the ray backend needs Ray: pip install 'cmbs-async[ray]'"
 
 
 def _shard(
-    jobs: list[dict[str, Any]], agents: dict[str, list[str]], concurrency: int
+    jobs: list[dict[str, Any]], agents: dict[str, list[str]], concurrency: int, sandbox: SandboxMode
 ) -> list[dict[str, Any]]:
     """Runs in a Ray worker: one event loop for the whole shard."""
     import anyio
@@ -52,7 +55,10 @@ def _shard(
 
     async def main() -> list[dict[str, Any]]:
         report = await run_batch(
-            planned, agents=factory, executor=LocalExecutor(), concurrency=concurrency
+            planned,
+            agents=factory,
+            executor=LocalExecutor(sandbox=sandbox),
+            concurrency=concurrency,
         )
         return report.records
 
@@ -66,6 +72,7 @@ def run_batch_ray(
     concurrency: int,
     address: str | None = None,
     shards: int | None = None,
+    sandbox: SandboxMode = "auto",
     log: ResultLog | None = None,
     progress: Progress | None = None,
 ) -> BatchReport:
@@ -93,7 +100,7 @@ def run_batch_ray(
         except Exception as exc:  # noqa: BLE001 - Ray raises many kinds; say it in one line
             raise BatchError(f"cannot start or reach Ray ({address or 'local'}): {exc}") from None
     try:
-        cpus = int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]
+        cpus = int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call,unused-ignore]
         count = max(1, min(len(todo), shards or cpus * 2))
         remote = ray.remote(_shard)
         payload = [
@@ -105,7 +112,10 @@ def run_batch_ray(
             }
             for job in todo
         ]
-        pending = [remote.remote(payload[i::count], agent_lines, concurrency) for i in range(count)]
+        pending = [
+            remote.remote(payload[i::count], agent_lines, concurrency, sandbox)
+            for i in range(count)
+        ]
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for record in ray.get(done[0]):

@@ -7,6 +7,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from .._text import table
+
 __all__ = ["render_summary", "summarize"]
 
 
@@ -42,6 +44,8 @@ def summarize(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def render_summary(rows: list[dict[str, Any]]) -> str:
+    """One aligned line per scenario and agent, every name escaped (no line breaks, no
+    terminal control sequences)."""
     header = (
         "scenario",
         "agent",
@@ -52,22 +56,22 @@ def render_summary(rows: list[dict[str, Any]]) -> str:
         "blocked claims",
         "outcomes",
     )
-    table = [header] + [
-        (
-            r["scenario"],
-            r["agent"],
-            str(r["runs"]),
-            str(r["earned"]),
-            f"{r['mean_s']:.2f}",
-            f"{r['p95_s']:.2f}",
-            str(r["blocked_posture_claims"]),
-            ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items())),
-        )
-        for r in rows
-    ]
-    widths = [max(len(row[i]) for row in table) for i in range(7)]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(row[:7], widths, strict=True)) + "  " + row[7]
-        for row in table
-    ]
-    return "\n".join(line.rstrip() for line in lines)
+    lines = table(
+        [
+            header,
+            *(
+                (
+                    r["scenario"],
+                    r["agent"],
+                    str(r["runs"]),
+                    str(r["earned"]),
+                    f"{r['mean_s']:.2f}",
+                    f"{r['p95_s']:.2f}",
+                    str(r["blocked_posture_claims"]),
+                    ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items())),
+                )
+                for r in rows
+            ),
+        ]
+    )
+    return "\n".join(lines)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .._text import escape_controls, table
 from ..audit import AuditError, SQLiteAuditStore, load_or_create_key, public_key_text, replay
 from ..audit.signing import KeyError_
 
@@ -91,7 +92,7 @@ def _verify(store: SQLiteAuditStore, args: argparse.Namespace) -> int:
             raise AuditUsageError(str(exc)) from exc
     report = store.verify(trusted_key=trusted)
     for problem in report.problems:
-        print(f"TAMPERED: {problem}")
+        print(escape_controls(f"TAMPERED: {problem}"))
     basis = "the trusted key" if trusted else "the keys stored with the sessions"
     state = "intact" if report.intact else f"{len(report.problems)} problem(s)"
     print(
@@ -105,10 +106,11 @@ def _show(store: SQLiteAuditStore, prefix: str | None) -> int:
     if prefix is None:
         print(f"{'session':34} {'scenario':28} {'records':>7}  outcome")
         for s in store.sessions():
-            print(
+            line = (
                 f"{s['session_id']:34} {str(s['scenario_id']):28} {s['records']:7}  "
                 f"{s['outcome'] or '(no end record)'}"
             )
+            print(escape_controls(line))
         return EXIT_OK
     session_id = _session(store, prefix)
     rows = [("step", "action", "verdict", "message", "review", "observed")]
@@ -130,12 +132,11 @@ def _show(store: SQLiteAuditStore, prefix: str | None) -> int:
     for record in store.records(session_id):
         if record.kind == "end":
             end = record.data
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row[:5], widths, strict=True)) + "  " + row[5])
-    print(f"\nsession  {session_id}")
+    print("\n".join(table(rows)))
+    print(f"\nsession  {escape_controls(session_id)}")
     if end:
-        print(f"outcome  {end['outcome']}" + (f" ({end['reason']})" if end.get("reason") else ""))
+        reason = f" ({end['reason']})" if end.get("reason") else ""
+        print(escape_controls(f"outcome  {end['outcome']}{reason}"))
     else:
         print("outcome  (no end record: the run was cut off)")
     return EXIT_OK
@@ -156,7 +157,7 @@ def _replay(store: SQLiteAuditStore, prefix: str) -> int:
     except AuditError as exc:
         raise AuditUsageError(str(exc)) from exc
     for mismatch in report.mismatches:
-        print(f"DIFFERENT: {mismatch}")
+        print(escape_controls(f"DIFFERENT: {mismatch}"))
     verdict = "identical" if report.identical else f"{len(report.mismatches)} difference(s)"
     print(
         f"session {session_id}: {report.decisions} decision(s) and {report.reconciles} "

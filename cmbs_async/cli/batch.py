@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
+from functools import partial
 from typing import Any
 
 import anyio
@@ -22,7 +22,8 @@ from ..batch import (
     summarize,
     tune_gc_for_batches,
 )
-from .specs import SpecError, agent_factory, executor_from_spec
+from .signals import Interrupted, cancel_on_signals
+from .specs import SpecError, add_sandbox_option, agent_factory, executor_from_spec, secrets_of
 
 __all__ = ["add_batch_command", "run_batch_command"]
 
@@ -51,6 +52,7 @@ def add_batch_command(sub: Any, common: argparse.ArgumentParser) -> None:
     batch.add_argument("--resume", action="store_true", help="run only what has no result yet")
     batch.add_argument("--executor", default="local", help="local (the only one on Ray)")
     batch.add_argument("--audit-db", help="also record every run in this audit database")
+    add_sandbox_option(batch)
     batch.add_argument("--address", help="Ray cluster address (default: start a local one)")
     batch.add_argument("--shards", type=int, help="Ray shards (default: 2 per cluster CPU)")
 
@@ -62,6 +64,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
     tune_gc_for_batches()
     factories = {spec: agent_factory(spec) for spec in args.agent}
     log = ResultLog(args.out, resume=args.resume)
+    stopped: Interrupted | None = None
     try:
         progress = Progress(len(jobs), already=len([j for j in jobs if j.key in log.done]))
         if args.backend == "ray":
@@ -83,11 +86,17 @@ def run_batch_command(args: argparse.Namespace) -> int:
                 concurrency=args.concurrency,
                 address=args.address,
                 shards=args.shards,
+                sandbox=args.sandbox,
                 log=log,
                 progress=progress,
             )
         else:
-            report = anyio.run(_local, args, jobs, factories, log, progress, backend=args.backend)
+            try:
+                report = anyio.run(
+                    _local, args, jobs, factories, log, progress, backend=args.backend
+                )
+            except Interrupted as exc:
+                report, stopped = BatchReport(interrupted=True), exc
         progress.close()
         keys = {job.key for job in jobs}
         records = [r for r in log.records if r["key"] in keys]
@@ -100,7 +109,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
     )
     if report.interrupted:
         print("interrupted: run the same command with --resume to finish", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return stopped.exit_status if stopped is not None else EXIT_INTERRUPTED
     earned = all(r.get("outcome") == "terminated" for r in records) and len(records) == len(jobs)
     return EXIT_ALL_EARNED if earned else EXIT_NOT_ALL_EARNED
 
@@ -108,44 +117,31 @@ def run_batch_command(args: argparse.Namespace) -> int:
 async def _local(
     args: argparse.Namespace, jobs: Any, factories: Any, log: ResultLog, progress: Progress
 ) -> BatchReport:
-    executor = executor_from_spec(args.executor)
+    key_path = default_data_dir() / "signing_key"
+    executor = executor_from_spec(
+        args.executor,
+        sandbox=args.sandbox,
+        hidden=secrets_of(key_path, args.audit_db),
+        command="batch",
+    )
     store = None
     if args.audit_db:
-        store = SQLiteAuditStore(
-            args.audit_db, key=load_or_create_key(default_data_dir() / "signing_key")
-        )
-    interrupted = False
-    report = BatchReport()
+        store = SQLiteAuditStore(args.audit_db, key=load_or_create_key(key_path))
     try:
-        async with anyio.create_task_group() as tg:
-
-            async def on_signal() -> None:
-                nonlocal interrupted
-                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for _ in signals:
-                        interrupted = True
-                        tg.cancel_scope.cancel()
-                        return
-
-            async def work() -> None:
-                nonlocal report
-                report = await run_batch(
-                    jobs,
-                    agents=lambda spec: factories[spec],
-                    executor=executor,
-                    concurrency=args.concurrency,
-                    log=log,
-                    progress=progress,
-                    audit=store,
-                )
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(on_signal)
-            tg.start_soon(work)
+        return await cancel_on_signals(
+            partial(
+                run_batch,
+                jobs,
+                agents=lambda spec: factories[spec],
+                executor=executor,
+                concurrency=args.concurrency,
+                log=log,
+                progress=progress,
+                audit=store,
+            )
+        )
     finally:
         if store is not None:
             store.close()
         if hasattr(executor, "aclose"):
             await executor.aclose()
-    report.interrupted = interrupted
-    return report

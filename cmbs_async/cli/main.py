@@ -1,7 +1,8 @@
 """``cmbs``: run scenarios under the gate from the command line.
 
 Exit status: 0 for an earned termination, 3 for any other finished run, 2 for a usage
-error or an invalid input file (one line on stderr, never a traceback), 130 on Ctrl-C.
+error or an invalid input file (one line on stderr, never a traceback), 128 + the signal
+when stopped by SIGINT (Ctrl-C, 130), SIGTERM (143) or SIGHUP (129).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, NoReturn
 
 import anyio
@@ -29,7 +31,14 @@ from .audit import AuditUsageError, add_audit_commands, run_audit_command
 from .batch import add_batch_command, run_batch_command
 from .logs import LEVELS, configure_logging
 from .render import render_result
-from .specs import SpecError, agent_from_spec, executor_from_spec
+from .signals import Interrupted, cancel_on_signals
+from .specs import (
+    SpecError,
+    add_sandbox_option,
+    agent_from_spec,
+    executor_from_spec,
+    secrets_of,
+)
 
 __all__ = ["main"]
 
@@ -89,9 +98,10 @@ def _parser() -> argparse.ArgumentParser:
         description="Run language-model agents on compliance scenarios under the CMBS gate.",
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    sub.add_parser(
+    demo = sub.add_parser(
         "demo", parents=[common, recorded], help="run the built-in scenario with a scripted agent"
     )
+    add_sandbox_option(demo)
     run = sub.add_parser("run", parents=[common, recorded], help="run a scenario file")
     run.add_argument("scenario", help="scenario file (YAML or JSON)")
     run.add_argument(
@@ -112,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not verify the SSH host key (logs a warning)",
     )
+    add_sandbox_option(run)
     run.add_argument("--deadline", type=_positive(float), help="seconds (overrides the file)")
     run.add_argument("--max-steps", type=_positive(int), help="overrides the file")
     run.add_argument("--workdir", help="run in this directory and keep it")
@@ -159,9 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ) as exc:
         print(f"cmbs {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted) as exc:  # Ctrl-C before the run, a signal in it
         print(f"cmbs {args.command}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return exc.exit_status if isinstance(exc, Interrupted) else EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader went away (`| head`): nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
@@ -188,9 +199,19 @@ def _audit_store(args: argparse.Namespace) -> SQLiteAuditStore | None:
     return SQLiteAuditStore(path, key=key)
 
 
+def _containment(args: argparse.Namespace) -> dict[str, Any]:
+    """The sandbox asked for, and the operator's secrets a sandboxed command must not see."""
+    key = args.signing_key or default_data_dir() / "signing_key"
+    return {
+        "sandbox": args.sandbox,
+        "hidden": secrets_of(key, _audit_path(args)),
+        "command": args.command,
+    }
+
+
 def _prepare(args: argparse.Namespace) -> tuple[ScenarioSpec, Agent, object, dict[str, Any]]:
     if args.command == "demo":
-        return demo_scenario(), demo_agent(), executor_from_spec("local"), {}
+        return demo_scenario(), demo_agent(), executor_from_spec("local", **_containment(args)), {}
     spec = load_scenario(args.scenario)
     load_profile(spec.profile)  # an unknown profile is the user's mistake: say so now
     if args.workdir:
@@ -217,6 +238,7 @@ def _prepare(args: argparse.Namespace) -> tuple[ScenarioSpec, Agent, object, dic
         raise UsageError("the SSH executor needs --backend asyncio (asyncssh does not run on trio)")
     executor = executor_from_spec(
         where,
+        **_containment(args),
         identities=args.identity,
         known_hosts=args.known_hosts,
         host_key=args.host_key or spec.host_key,
@@ -229,7 +251,12 @@ async def _run(
     spec: ScenarioSpec, agent: Agent, executor: Any, overrides: dict[str, Any]
 ) -> ScenarioResult:
     try:
-        return await run_scenario(spec, agent=agent, executor=executor, **overrides)
+        return await cancel_on_signals(
+            partial(run_scenario, spec, agent=agent, executor=executor, **overrides)
+        )
     finally:
-        if hasattr(executor, "aclose"):
-            await executor.aclose()
+        with anyio.CancelScope(shield=True):  # what the command line made, it closes
+            if "review" in overrides:
+                await overrides["review"].reviewer.aclose()
+            if hasattr(executor, "aclose"):
+                await executor.aclose()

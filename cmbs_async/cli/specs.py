@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from executors.local import LocalExecutor
+from executors.sandbox import INSTALL_HINT, SandboxMode, SandboxUnavailable
 
 from ..agents import Agent, OpenAIAgent, ScriptedAgent, StdioAgent
 
-__all__ = ["SpecError", "agent_factory", "agent_from_spec", "executor_from_spec"]
+__all__ = [
+    "SpecError",
+    "add_sandbox_option",
+    "agent_factory",
+    "agent_from_spec",
+    "executor_from_spec",
+    "secrets_of",
+]
 
 
 class SpecError(ValueError):
@@ -47,19 +60,53 @@ def agent_from_spec(spec: str) -> Agent:
     return agent_factory(spec)()
 
 
+def add_sandbox_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sandbox",
+        choices=("auto", "bwrap", "none"),
+        default="auto",
+        help="contain local commands with bubblewrap: auto uses it where installed and says "
+        "so when it is not; bwrap refuses to run without it; none runs commands bare "
+        "(default: auto)",
+    )
+
+
+def secrets_of(key: str | Path, audit_db: str | Path | None) -> tuple[str, ...]:
+    """The signing key and the audit database (with its WAL files): never for a command."""
+    paths = [str(key)]
+    if audit_db is not None:
+        paths += [f"{audit_db}{suffix}" for suffix in ("", "-wal", "-shm", "-journal")]
+    return tuple(paths)
+
+
 def executor_from_spec(
     spec: str,
     *,
+    sandbox: SandboxMode = "auto",
+    hidden: Sequence[str] = (),
+    command: str = "run",
     identities: Sequence[str] = (),
     known_hosts: str | None = None,
     host_key: str | None = None,
     insecure: bool = False,
 ) -> object:
-    """``local``, or ``ssh://USER@HOST[:PORT]`` with its connection options."""
-    if spec == "local":
-        from executors.local import LocalExecutor
+    """``local``, or ``ssh://USER@HOST[:PORT]`` with its connection options.
 
-        return LocalExecutor()
+    ``sandbox`` and ``hidden`` are for the local executor; without bubblewrap, ``auto``
+    says on stderr, in one line, that commands run bare.
+    """
+    if spec == "local":
+        try:
+            local = LocalExecutor(sandbox=sandbox, hidden=hidden)
+        except SandboxUnavailable as exc:
+            raise SpecError(f"--sandbox bwrap: {exc}") from None
+        if local.containment == "none" and sandbox == "auto":
+            print(
+                f"cmbs {command}: warning: bubblewrap (bwrap) is not available, so commands "
+                f"run without a sandbox (sandbox: none); install it: {INSTALL_HINT}",
+                file=sys.stderr,
+            )
+        return local
     if spec.startswith("ssh://"):
         from executors.ssh import SSHExecutor, SSHTarget
 

@@ -3,7 +3,6 @@ OpenAI-compatible chat-completions endpoint."""
 
 from __future__ import annotations
 
-import os
 import re
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -12,6 +11,8 @@ import anyio
 import httpx
 from pydantic import BaseModel, ConfigDict
 
+from .._chat import ChatEndpoint, completion_content
+from .._closing import Closing
 from .config import SupervisionConfig
 from .reconcile import Flag
 
@@ -141,47 +142,54 @@ def parse_verdict(text: str) -> ReviewVerdict:
     return ReviewVerdict(verdict=Verdict3(word), reasoning=reasoning, correction=correction)
 
 
-class OpenAIReviewer:
-    """Asks an OpenAI-compatible ``/chat/completions`` endpoint with the seed's prompt."""
+class OpenAIReviewer(Closing):
+    """Asks an OpenAI-compatible ``/chat/completions`` endpoint with the seed's prompt.
 
-    def __init__(self, config: SupervisionConfig, *, client: httpx.AsyncClient | None = None):
+    Over ``client`` when given (its creator closes it), else over an HTTP client of its own,
+    kept for every review and closed by :meth:`aclose` or at the end of ``async with``.
+    """
+
+    def __init__(
+        self, config: SupervisionConfig, *, client: httpx.AsyncClient | None = None
+    ) -> None:
         if not config.base_url:
             raise ValueError("the reviewer needs supervision.base_url")
         self.config = config
-        self._client = client
+        # the whole review is bounded by timeout_seconds, not each request
+        self._chat = ChatEndpoint(
+            base_url=config.base_url,
+            api_key_env=config.api_key_env,
+            request_timeout=None,
+            client=client,
+        )
         self.last_prompt: str | None = None
         self.last_reply: str | None = None
 
     async def review(self, request: ReviewRequest) -> ReviewVerdict:
         prompt = build_prompt(request)
         self.last_prompt = prompt
-        headers = {}
-        key = os.environ.get(self.config.api_key_env)
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
         body = {
             "model": self.config.model,
             "messages": [{"role": "user", "content": prompt}],
             "max_tokens": self.config.max_tokens,
             "temperature": 0,
         }
-        url = f"{self.config.base_url.rstrip('/')}/chat/completions"  # type: ignore[union-attr]
-        client = self._client or httpx.AsyncClient()
         try:
             with anyio.fail_after(self.config.timeout_seconds):
-                reply = await client.post(url, json=body, headers=headers, timeout=None)
+                reply = await self._chat.post(body)
         except httpx.HTTPError as exc:
             raise ReviewerError(f"the reviewer endpoint failed: {type(exc).__name__}") from None
-        finally:
-            if self._client is None:
-                await client.aclose()
         if reply.status_code != 200:
             raise ReviewerError(f"the reviewer endpoint answered HTTP {reply.status_code}")
         try:
-            text = reply.json()["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
+            text = completion_content(reply)
+        except ValueError:
             raise ReviewerError("the reviewer endpoint's answer is not a chat completion") from None
         if not isinstance(text, str):
             raise ReviewerError("the reviewer endpoint's answer has no text")
         self.last_reply = text
         return parse_verdict(text)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if it is the reviewer's own; safe to call twice."""
+        await self._chat.aclose()

@@ -1,0 +1,45 @@
+"""The deadline holds at scale: 200 sandboxed scenarios at once, each ending on time."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from cmbs_async import Outcome, ScenarioSpec, ScriptedAgent, run_scenario
+from executors import LocalExecutor
+
+from .helpers import processes_with, step, unique_seconds
+
+pytestmark = pytest.mark.anyio
+
+RUNS = 200
+DEADLINE = 2.0
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["sleep {m}", "trap '' TERM; setsid sh -c 'trap \"\" TERM; sleep {m}' & sleep {m}"],
+    ids=["sleep", "TERM-ignoring setsid"],
+)
+async def test_200_runs_at_once_each_end_within_a_second_of_their_deadline(
+    command: str,
+) -> None:
+    mark = unique_seconds()
+    executor = LocalExecutor()
+    late: list[float] = []
+    outcomes: list[Outcome] = []
+
+    async def one(index: int) -> None:
+        agent = ScriptedAgent([step("check_status", {"command": command.format(m=mark)})])
+        spec = ScenarioSpec(id=f"scale-{index}", goal="g", deadline_s=DEADLINE)
+        started = anyio.current_time()
+        result = await run_scenario(spec, agent=agent, executor=executor)
+        late.append(anyio.current_time() - started - DEADLINE)
+        outcomes.append(result.outcome)
+
+    async with anyio.create_task_group() as tg:
+        for index in range(RUNS):
+            tg.start_soon(one, index)
+    assert outcomes == [Outcome.DEADLINE_EXCEEDED] * RUNS
+    assert max(late) < 1.0, f"latest run ended {max(late):.2f} s after its deadline"
+    assert processes_with(mark) == []
