@@ -1,8 +1,9 @@
 """Throughput of the SSH executor against the two obvious alternatives.
 
-Run: ``python benchmarks/ssh_throughput.py [--commands N] [--concurrency C]``. Starts its
-own sshd on 127.0.0.1 (Debian's openssh-server must be installed) and, in one run, sends
-the same N short commands through:
+Run: ``python benchmarks/ssh_throughput.py ssh://USER@HOST[:PORT] --identity KEY
+--known-hosts FILE [--commands N] [--concurrency C]`` against an sshd of your choice (a
+local one measures the executor, a remote one adds the network). In one run it sends the
+same N short commands through:
 
 (a) one ``ssh`` client process per command, what a naive agent does;
 (b) raw asyncssh ``conn.run()`` on one connection;
@@ -10,29 +11,48 @@ the same N short commands through:
     output, kill on time-out);
 
 each sequentially and with C in flight, interleaved in rounds, and prints commands per
-second and the ratios (c)/(a) and (c)/(b). Run as root, it logs in as a throwaway user
-whose shell is /bin/sh, so that a heavy login rc file does not dominate the measure.
+second and the ratios (c)/(a) and (c)/(b). Log in as a user whose shell is /bin/sh: a
+heavy login rc file (``pyenv init``, say) costs every command the same and would dominate
+the measure.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import anyio
 import asyncssh
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from executors.ssh import SSHExecutor, SSHTarget  # noqa: E402
-from tests.sshd import LocalSshd, ThrowawayUser  # noqa: E402
+from executors.ssh import SSHExecutor, SSHTarget
 
 COMMAND = "echo hi"
+
+
+def add_target_options(parser: argparse.ArgumentParser) -> None:
+    """The sshd measured against: the benchmarks start none of their own."""
+    parser.add_argument("target", help="ssh://USER@HOST[:PORT], a user whose shell is /bin/sh")
+    parser.add_argument("--identity", required=True, help="the user's private key file")
+    parser.add_argument("--known-hosts", required=True, help="a known_hosts file with the host")
+
+
+def target_of(args: argparse.Namespace) -> SSHTarget:
+    target = SSHTarget.parse(args.target, identities=(args.identity,), known_hosts=args.known_hosts)
+    if target.user is None:
+        raise SystemExit(f"{args.target}: name the user, ssh://USER@HOST[:PORT]")
+    return target
+
+
+async def connect(target: SSHTarget) -> asyncssh.SSHClientConnection:
+    """A raw asyncssh connection, the baseline the executor is measured against."""
+    return await asyncssh.connect(
+        target.host,
+        port=target.port,
+        username=target.user,
+        client_keys=list(target.identities),
+        known_hosts=target.known_hosts,
+    )
 
 
 async def timed(n: int, concurrency: int, one: Callable[[], Awaitable[None]]) -> float:
@@ -50,75 +70,62 @@ async def timed(n: int, concurrency: int, one: Callable[[], Awaitable[None]]) ->
     return n / (time.perf_counter() - start)
 
 
-async def main(n: int, concurrency: int, rounds: int, light_user: bool) -> None:
-    with contextlib.ExitStack() as stack:
-        user = stack.enter_context(ThrowawayUser()) if light_user else None
-        sshd = stack.enter_context(LocalSshd(user=user))
-        ssh_argv = [
-            "ssh",
-            "-q",
-            "-p",
-            str(sshd.port),
-            "-i",
-            sshd.client_key,
-            "-o",
-            f"UserKnownHostsFile={sshd.known_hosts}",
-            "-o",
-            "BatchMode=yes",
-            f"{sshd.user}@127.0.0.1",
-            COMMAND,
-        ]
+async def main(target: SSHTarget, n: int, concurrency: int, rounds: int) -> None:
+    ssh_argv = [
+        "ssh",
+        "-q",
+        "-p",
+        str(target.port),
+        *(option for key in target.identities for option in ("-i", key)),
+        "-o",
+        f"UserKnownHostsFile={target.known_hosts}",
+        "-o",
+        "BatchMode=yes",
+        f"{target.user}@{target.host}",
+        COMMAND,
+    ]
 
-        async def client_process() -> None:
-            done = await anyio.run_process(ssh_argv, check=True)
-            assert done.stdout == b"hi\n"
+    async def client_process() -> None:
+        done = await anyio.run_process(ssh_argv, check=True)
+        assert done.stdout == b"hi\n"
 
-        conn = await asyncssh.connect(
-            "127.0.0.1",
-            port=sshd.port,
-            username=sshd.user,
-            client_keys=[sshd.client_key],
-            known_hosts=sshd.known_hosts,
-        )
+    conn = await connect(target)
 
-        async def raw_run() -> None:
-            while True:
-                try:
-                    result = await conn.run(COMMAND, check=True)
-                    break
-                except asyncssh.ChannelOpenError:  # past MaxSessions: the same retry we do
-                    await anyio.sleep(0.01)
-            assert result.stdout == "hi\n"
+    async def raw_run() -> None:
+        while True:
+            try:
+                result = await conn.run(COMMAND, check=True)
+                break
+            except asyncssh.ChannelOpenError:  # past MaxSessions: the same retry we do
+                await anyio.sleep(0.01)
+        assert result.stdout == "hi\n"
 
-        target = SSHTarget.parse(
-            sshd.url, identities=(sshd.client_key,), known_hosts=sshd.known_hosts
-        )
-        async with SSHExecutor(target) as executor:
-            workdir = await executor.prepare(None, {})
+    async with SSHExecutor(target) as executor:
+        workdir = await executor.prepare(None, {})
 
-            async def through_executor() -> None:
-                observation = await executor.run_command(workdir, COMMAND, timeout=30)
-                assert observation.success and observation.stdout.text == "hi\n"
+        async def through_executor() -> None:
+            observation = await executor.run_command(workdir, COMMAND, timeout=30)
+            assert observation.success and observation.stdout.text == "hi\n"
 
-            await timed(20, concurrency, through_executor)  # warm up
-            await timed(20, concurrency, raw_run)
-            methods = (client_process, raw_run, through_executor)
-            rows = []
-            for label, c in (("sequential", 1), (f"{concurrency} in flight", concurrency)):
-                # Interleaved in rounds, so that the machine's drift hits all three alike.
-                spent = [0.0, 0.0, 0.0]
-                per_round = max(n // rounds, 1)
-                for r in range(rounds):
-                    for i in range(3):
-                        k = (i + r) % 3
-                        spent[k] += per_round / await timed(per_round, c, methods[k])
-                total = per_round * rounds
-                rows.append((label, *(total / t for t in spent)))
-            await executor.cleanup(workdir)
-        conn.close()
-        await conn.wait_closed()
+        await timed(20, concurrency, through_executor)  # warm up
+        await timed(20, concurrency, raw_run)
+        methods = (client_process, raw_run, through_executor)
+        rows = []
+        for label, c in (("sequential", 1), (f"{concurrency} in flight", concurrency)):
+            # Interleaved in rounds, so that the machine's drift hits all three alike.
+            spent = [0.0, 0.0, 0.0]
+            per_round = max(n // rounds, 1)
+            for r in range(rounds):
+                for i in range(3):
+                    k = (i + r) % 3
+                    spent[k] += per_round / await timed(per_round, c, methods[k])
+            total = per_round * rounds
+            rows.append((label, *(total / t for t in spent)))
+        await executor.cleanup(workdir)
+    conn.close()
+    await conn.wait_closed()
 
-    print(f"{n} commands ({COMMAND!r}) against a local sshd, commands per second:")
+    print(f"{n} commands ({COMMAND!r}) against {target.label}, commands per second:")
     print(
         f"{'':14} {'(a) ssh CLI':>12} {'(b) raw run':>12} {'(c) executor':>13} "
         f"{'c/a':>6} {'c/b':>6}"
@@ -132,12 +139,6 @@ if __name__ == "__main__":
     parser.add_argument("--commands", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument(
-        "--as-current-user",
-        action="store_true",
-        help="log in as yourself instead of a throwaway /bin/sh user (the default as root)",
-    )
+    add_target_options(parser)
     args = parser.parse_args()
-    light = os.geteuid() == 0 and not args.as_current_user
-    print(f"remote user: {'a throwaway user with /bin/sh' if light else 'the current user'}")
-    anyio.run(main, args.commands, args.concurrency, args.rounds, light)
+    anyio.run(main, target_of(args), args.commands, args.concurrency, args.rounds)

@@ -21,11 +21,13 @@ from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from structlog.contextvars import bind_contextvars, bound_contextvars
+
+from executors import Executor, ExecutorError, LocalExecutor
 
 from ._streams import receive, send
 from .agents.base import Agent, AgentMessage
@@ -47,9 +49,6 @@ from .protocol import (
 from .result import Outcome, ScenarioResult, TraceEntry
 from .review.layer import REORIENTED, Review, ReviewAction, ReviewLayer
 from .scenario import ScenarioSpec
-
-if TYPE_CHECKING:
-    from executors.base import Executor
 
 __all__ = ["run_scenario"]
 
@@ -132,11 +131,7 @@ async def run_scenario(
     time.
     """
     started = anyio.current_time()
-    from executors.base import Executor, ExecutorError  # composition root
-
     if executor is None:
-        from executors.local import LocalExecutor
-
         executor = LocalExecutor()
     if not isinstance(executor, Executor):
         raise TypeError(f"{type(executor).__name__} does not implement the executor protocol")
@@ -295,8 +290,6 @@ async def _executor_actor(
     requests: MemoryObjectReceiveStream[Decision],
     replies: MemoryObjectSendStream[Observation | _Failed],
 ) -> None:
-    from executors.base import ExecutorError
-
     env = spec.command_env()
     async with requests, replies:
         while True:

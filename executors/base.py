@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import PurePosixPath
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Self, runtime_checkable
 
-from cmbs_async.protocol import CommandEnv, Observation, Output
+from .observation import CommandEnv, Observation, Output
 
 __all__ = [
     "DEFAULT_OUTPUT_CAP",
+    "Closing",
     "Executor",
     "ExecutorError",
     "OutputBuffer",
@@ -29,6 +30,22 @@ class ExecutorError(RuntimeError):
 
 class PathRefused(ValueError):
     """An artifact path would leave the workdir."""
+
+
+class Closing:
+    """``async with obj:`` closes ``obj`` on the way out, through its ``aclose``.
+
+    Whoever creates an executor (or an agent, a reviewer, a client) closes it.
+    """
+
+    async def aclose(self) -> None:
+        """Release what this object holds; it holds nothing unless a subclass says so."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 @runtime_checkable
@@ -67,6 +84,14 @@ class Executor(Protocol):
     async def cleanup(self, workdir: str, *, remove: bool = True) -> None:
         """Let go of a workdir :meth:`prepare` returned; delete it too if ``remove``."""
         ...
+
+    async def aclose(self) -> None:
+        """Release what the executor holds (connections, held workdirs); ``async with``."""
+        ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *exc_info: object) -> None: ...
 
 
 def confine(path: str) -> PurePosixPath:

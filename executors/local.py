@@ -13,15 +13,15 @@ from functools import partial
 import anyio
 from anyio.abc import ByteReceiveStream, Process
 
-from cmbs_async.protocol import CommandEnv, Observation
-
 from .base import (
     DEFAULT_OUTPUT_CAP,
+    Closing,
     OutputBuffer,
     PathRefused,
     refused_artifact,
     seed_files,
 )
+from .observation import CommandEnv, Observation
 from .sandbox import (
     INSTALL_HINT,
     SANDBOX_HOME,
@@ -39,7 +39,7 @@ __all__ = ["LocalExecutor"]
 _CHILD_PID = re.compile(rb'"child-pid":\s*(\d+)')
 
 
-class LocalExecutor:
+class LocalExecutor(Closing):
     """Runs commands with ``/bin/sh -c`` in the workdir and writes artifacts inside it.
 
     ``sandbox``: ``"bwrap"`` runs every command in a bubblewrap sandbox (its own PID
@@ -95,6 +95,11 @@ class LocalExecutor:
 
     async def cleanup(self, workdir: str, *, remove: bool = True) -> None:
         await anyio.to_thread.run_sync(partial(self._workdirs.release, workdir, remove=remove))
+
+    async def aclose(self) -> None:
+        """Let go of every workdir still held (none is deleted)."""
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._workdirs.release_all)
 
     async def write_artifact(self, workdir: str, path: str, content: str) -> Observation:
         start = anyio.current_time()

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from cmbs_async.protocol import CommandEnv, Observation
+from .base import Closing
+from .observation import CommandEnv, Observation
 
 __all__ = ["NullExecutor"]
 
 
-class NullExecutor:
+class NullExecutor(Closing):
     """Every command exits 0 with no output; every artifact is 'written' nowhere."""
 
     async def prepare(self, workdir: str | None, files: Mapping[str, str]) -> str:

@@ -24,9 +24,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
 
-from cmbs_async.protocol import CommandEnv
-
 from .base import ExecutorError
+from .observation import CommandEnv
 
 __all__ = [
     "ALLOWED_ENV",

@@ -52,10 +52,9 @@ import anyio
 import asyncssh
 import structlog
 
-from cmbs_async.protocol import CommandEnv, Observation
-
 from .base import (
     DEFAULT_OUTPUT_CAP,
+    Closing,
     ExecutorError,
     OutputBuffer,
     PathRefused,
@@ -63,6 +62,7 @@ from .base import (
     refused_artifact,
     seed_files,
 )
+from .observation import CommandEnv, Observation
 
 __all__ = [
     "CONTAINMENTS",
@@ -273,7 +273,7 @@ class _Client(asyncssh.SSHClient):
         self._host.dropped = True
 
 
-class SSHExecutor:
+class SSHExecutor(Closing):
     """Runs commands and writes artifacts on ``target``; see the module docstring.
 
     ``containments`` lists what may contain commands, in order of preference;
@@ -395,12 +395,6 @@ class SSHExecutor:
             host.conn.close()
             with anyio.move_on_after(5, shield=True):
                 await host.conn.wait_closed()
-
-    async def __aenter__(self) -> SSHExecutor:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     # -- internals ------------------------------------------------------------------
     def _observation(

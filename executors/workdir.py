@@ -109,6 +109,17 @@ class Workdirs:
                 os.close(held.fd)
                 held.fd = -1
 
+    def release_all(self) -> None:
+        """Close every workdir still held, deleting none."""
+        with self._lock:
+            paths = list(self._held)
+        for path in paths:
+            with self._lock:
+                held = self._held.get(path)
+                if held is not None:
+                    held.users = 1  # whoever else holds it, the executor is closing
+            self.release(path, remove=False)
+
     def write(self, workdir: str, path: str, data: bytes) -> None:
         """Write ``data`` to ``path`` inside ``workdir``, or raise :class:`PathRefused`.
 

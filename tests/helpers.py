@@ -5,15 +5,21 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from cmbs_async import ScenarioSpec, ScriptedAgent
+import anyio
+import httpx
+from anyio.abc import SocketAttribute, SocketStream
+
+from cmbs_async import CallableAgent, ScenarioSpec, ScriptedAgent, Turn
+from cmbs_async.review import ReviewRequest, ReviewVerdict
 
 #: The command line, as the installed ``cmbs`` runs it.
 CMBS = [sys.executable, "-m", "cmbs_async"]
@@ -87,6 +93,15 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
+async def until(condition: Callable[[], bool], *, within: float = 10.0) -> bool:
+    """Whether ``condition`` holds, asked every 50 ms for at most ``within`` seconds: for
+    what nothing signals, such as a process elsewhere starting or being gone."""
+    with anyio.move_on_after(within):
+        while not condition():  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+    return condition()
+
+
 def unique_seconds() -> str:
     """A sleep duration no other process on the machine uses: a marker for processes_with."""
     return f"{random.randint(100_000, 999_999)}.{os.getpid() % 1000}"
@@ -153,3 +168,151 @@ def swap_the_workdir_run(outside: Path) -> tuple[ScenarioSpec, ScriptedAgent]:
         ]
     )
     return ScenarioSpec(id="swap", goal="check it", files={"seed.txt": "x"}), agent
+
+
+# -- chat-completions servers ------------------------------------------------------------
+
+
+Answer = Callable[[dict[str, Any]], tuple[int, object]]
+
+
+def completion(text: object) -> dict[str, object]:
+    """A chat-completions reply whose one message says ``text``."""
+    return {"choices": [{"message": {"role": "assistant", "content": text}}]}
+
+
+class ChatApp:
+    """An ASGI app that answers each POST with ``answer(body)`` (status, JSON or bytes) and
+    remembers the bodies and headers it got."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        request = b""
+        while True:
+            message = await receive()
+            request += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        body = json.loads(request)
+        self.bodies.append(body)
+        self.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
+        status, reply = self.answer(body)
+        payload = reply if isinstance(reply, bytes) else json.dumps(reply).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload})
+
+    @property
+    def formats(self) -> list[str]:
+        """The response format of each request, ``none`` where it had none."""
+        return [b.get("response_format", {}).get("type", "none") for b in self.bodies]
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=self))
+
+
+class ChatServer:
+    """A real HTTP/1.1 server that answers each request with a chat completion saying
+    ``answer`` (or ``answer(body)``), remembers the request bodies, and counts the
+    connections clients opened and closed."""
+
+    def __init__(self, answer: str | Callable[[dict[str, Any]], str]) -> None:
+        self.answer = answer
+        self.bodies: list[dict[str, Any]] = []
+        self.port = 0
+        self.opened = 0
+        self.closed = 0
+        self.requests = 0
+        self._change = anyio.Event()
+
+    async def serve(self, stream: SocketStream) -> None:
+        self.opened += 1
+        buffer = b""
+        async with stream:
+            try:
+                while True:
+                    while b"\r\n\r\n" not in buffer:
+                        buffer += await stream.receive()
+                    head, _, buffer = buffer.partition(b"\r\n\r\n")
+                    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+                    assert length is not None
+                    while len(buffer) < int(length.group(1)):
+                        buffer += await stream.receive()
+                    body, buffer = buffer[: int(length.group(1))], buffer[int(length.group(1)) :]
+                    request = json.loads(body)
+                    self.bodies.append(request)
+                    text = self.answer if isinstance(self.answer, str) else self.answer(request)
+                    reply = json.dumps(completion(text)).encode()
+                    self.requests += 1
+                    await stream.send(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (len(reply), reply)
+                    )
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                self.closed += 1
+                self._change.set()
+
+    async def all_closed(self) -> None:
+        """Returns once the clients closed every connection they opened."""
+        while self.closed < self.opened:
+            self._change = anyio.Event()
+            await self._change.wait()
+
+
+@asynccontextmanager
+async def chat_server(answer: str | Callable[[dict[str, Any]], str]) -> AsyncIterator[ChatServer]:
+    """A :class:`ChatServer` listening on 127.0.0.1 for the time of the block."""
+    server = ChatServer(answer)
+    async with (
+        await anyio.create_tcp_listener(local_host="127.0.0.1") as listener,
+        anyio.create_task_group() as tg,
+    ):
+        server.port = listener.extra(SocketAttribute.local_port)
+        tg.start_soon(listener.serve, server.serve)
+        yield server
+        tg.cancel_scope.cancel()
+
+
+# -- review ------------------------------------------------------------------------------
+
+
+def assessed(action: str, payload: dict[str, str] | None = None, **assessment: object) -> str:
+    """A step with a commitment and a self-assessment (``assessment`` overrides its fields)."""
+    data = json.loads(step(action, payload))
+    data["assessment"] = {"commitment_met": True, "confidence": 0.9} | assessment
+    data["commitment"] = {"interpretation": "check the config", "assumptions": ["a"]}
+    return json.dumps(data)
+
+
+class ScriptedReviewer:
+    """Answers with the given verdicts in turn and remembers what it was asked."""
+
+    def __init__(self, *verdicts: ReviewVerdict, delay: float = 0.0) -> None:
+        self.verdicts = list(verdicts)
+        self.requests: list[ReviewRequest] = []
+        self.delay = delay
+
+    async def review(self, request: ReviewRequest) -> ReviewVerdict:
+        self.requests.append(request)
+        await anyio.sleep(self.delay)
+        return self.verdicts.pop(0) if len(self.verdicts) > 1 else self.verdicts[0]
+
+
+def replaying(*messages: str) -> tuple[CallableAgent, list[Turn]]:
+    """An agent sending ``messages`` in turn, and the list of turns it was handed."""
+    seen: list[Turn] = []
+
+    async def agent(turn: Turn) -> str | None:
+        seen.append(turn)
+        return messages[turn.step - 1] if turn.step <= len(messages) else None
+
+    return CallableAgent(agent), seen

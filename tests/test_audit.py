@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -21,8 +22,7 @@ from cmbs_async.demo import demo_agent, demo_scenario
 from cmbs_async.review import Review, ReviewVerdict, SupervisionConfig, Verdict3
 from executors import NullExecutor
 
-from .helpers import CMBS, step
-from .test_review import ScriptedReviewer, assessed, replaying
+from .helpers import CMBS, ScriptedReviewer, assessed, replaying, step
 
 pytestmark = pytest.mark.anyio
 
@@ -96,6 +96,17 @@ def test_checkpoint_store_interface(store: SQLiteAuditStore) -> None:
     assert store.verify().intact
 
 
+@pytest.fixture(scope="module")
+def recorded_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The audit database of one ``cmbs demo`` run, verified intact; built once per module."""
+    folder = tmp_path_factory.mktemp("recorded")
+    db = folder / "audit.db"
+    done = cmbs("demo", "--audit-db", str(db), "--signing-key", str(folder / "k"))
+    assert done.returncode == 0, done.stderr
+    assert cmbs("audit", "verify", str(db)).returncode == 0
+    return db
+
+
 def _tamper(db: Path, sql: str, *args: object) -> None:
     with sqlite3.connect(db) as conn:
         conn.execute(sql, args)
@@ -112,11 +123,10 @@ def _tamper(db: Path, sql: str, *args: object) -> None:
         ("resign", "record 3: bad signature"),
     ],
 )
-def test_tampering_is_found(tmp_path: Path, how: str, found: str) -> None:
+def test_tampering_is_found(tmp_path: Path, recorded_demo: Path, how: str, found: str) -> None:
     db = tmp_path / "audit.db"
-    done = cmbs("demo", "--audit-db", str(db), "--signing-key", str(tmp_path / "k"))
-    assert done.returncode == 0, done.stderr
-    assert cmbs("audit", "verify", str(db)).returncode == 0
+    for written in recorded_demo.parent.glob("audit.db*"):  # with any WAL file
+        shutil.copy(written, tmp_path / written.name)
     if how == "edit":  # change one byte of a stored record
         _tamper(
             db,

@@ -17,11 +17,13 @@ import pytest
 from cmbs_async import Agent, CallableAgent, ScenarioSpec, Turn
 from cmbs_async.batch import BatchError, Job, ResultLog, plan, render_summary, run_batch, summarize
 from cmbs_async.demo import demo_agent, demo_scenario
+from cmbs_async.profile import load_profile
 from executors import LocalExecutor
 
 from .helpers import CMBS, step
 
 DEMO_STEPS = [str(m) for m in demo_agent().messages]
+CISO = load_profile("ciso")
 
 
 def agents(kind: str) -> Callable[[], Agent]:
@@ -72,7 +74,7 @@ async def test_two_hundred_runs_fifty_at_a_time_each_get_one_result(tmp_path: Pa
     assert report.records == lines
     hung = [r["duration_s"] for r in lines if r["agent"] == "hang"]
     assert all(1.0 <= d < 3 for d in hung)  # each ended at its own deadline, promptly
-    rows = {row["agent"]: row for row in summarize(lines)}
+    rows = {row["agent"]: row for row in summarize(lines, profiles={"demo.yaml": CISO})}
     assert rows["solve"]["earned"] == 100 and rows["solve"]["blocked_posture_claims"] == 100
     assert "agent_error 50" in render_summary(list(rows.values()))
 

@@ -6,68 +6,23 @@ closes the connection, against a real HTTP server on 127.0.0.1."""
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import httpx
 import pytest
-from anyio.abc import SocketAttribute, SocketStream
 
 from cmbs_async import ModelEndpointError, OpenAIAgent, Outcome, ScenarioSpec, Turn, run_scenario
 from cmbs_async.review import OpenAIReviewer, ReviewRequest, SupervisionConfig, Verdict3
 from executors import NullExecutor
 
+from .helpers import Answer, ChatApp, chat_server, completion
+
 pytestmark = pytest.mark.anyio
 
 TURN = Turn(scenario_id="x", goal="g", step=1)
 REQUEST = ReviewRequest(goal="g", commitment="c", trace="t", assessment="a", flags=())
-Answer = Callable[[dict[str, Any]], tuple[int, object]]
-
-
-def completion(text: object) -> dict[str, object]:
-    return {"choices": [{"message": {"role": "assistant", "content": text}}]}
-
-
-class ChatApp:
-    """An ASGI app that answers each POST with ``answer(body)`` (status, JSON or bytes) and
-    remembers the bodies and headers it got."""
-
-    def __init__(self, answer: Answer) -> None:
-        self.answer = answer
-        self.bodies: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
-
-    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        request = b""
-        while True:
-            message = await receive()
-            request += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        body = json.loads(request)
-        self.bodies.append(body)
-        self.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
-        status, reply = self.answer(body)
-        payload = reply if isinstance(reply, bytes) else json.dumps(reply).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
-
-    @property
-    def formats(self) -> list[str]:
-        """The response format of each request, ``none`` where it had none."""
-        return [b.get("response_format", {}).get("type", "none") for b in self.bodies]
-
-    def client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=httpx.ASGITransport(app=self))
 
 
 def refusing(refusals: dict[str, int], text: str = '{"step": 1}') -> Answer:
@@ -213,61 +168,6 @@ async def test_the_key_is_read_from_the_environment_at_each_request(
 
 
 # -- who closes the connection -----------------------------------------------------------------
-
-
-class ChatServer:
-    """A real HTTP/1.1 server that answers every request with one chat completion and
-    counts the connections clients opened and closed."""
-
-    def __init__(self, text: str) -> None:
-        self.reply = json.dumps(completion(text)).encode()
-        self.port = 0
-        self.opened = 0
-        self.closed = 0
-        self.requests = 0
-        self._change = anyio.Event()
-
-    async def serve(self, stream: SocketStream) -> None:
-        self.opened += 1
-        buffer = b""
-        async with stream:
-            try:
-                while True:
-                    while b"\r\n\r\n" not in buffer:
-                        buffer += await stream.receive()
-                    head, _, buffer = buffer.partition(b"\r\n\r\n")
-                    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-                    assert length is not None
-                    while len(buffer) < int(length.group(1)):
-                        buffer += await stream.receive()
-                    buffer = buffer[int(length.group(1)) :]
-                    self.requests += 1
-                    await stream.send(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                        b"content-length: %d\r\n\r\n%s" % (len(self.reply), self.reply)
-                    )
-            except (anyio.EndOfStream, anyio.BrokenResourceError):
-                self.closed += 1
-                self._change.set()
-
-    async def all_closed(self) -> None:
-        """Returns once the clients closed every connection they opened."""
-        while self.closed < self.opened:
-            self._change = anyio.Event()
-            await self._change.wait()
-
-
-@asynccontextmanager
-async def chat_server(text: str) -> AsyncIterator[ChatServer]:
-    server = ChatServer(text)
-    async with (
-        await anyio.create_tcp_listener(local_host="127.0.0.1") as listener,
-        anyio.create_task_group() as tg,
-    ):
-        server.port = listener.extra(SocketAttribute.local_port)
-        tg.start_soon(listener.serve, server.serve)
-        yield server
-        tg.cancel_scope.cancel()
 
 
 async def test_an_agent_keeps_one_connection_and_closes_it_at_the_end() -> None:

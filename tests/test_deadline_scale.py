@@ -21,7 +21,7 @@ DEADLINE = 2.0
     ["sleep {m}", "trap '' TERM; setsid sh -c 'trap \"\" TERM; sleep {m}' & sleep {m}"],
     ids=["sleep", "TERM-ignoring setsid"],
 )
-async def test_200_runs_at_once_each_end_within_a_second_of_their_deadline(
+async def test_200_runs_at_once_each_end_within_a_second_of_their_kill(
     command: str,
 ) -> None:
     mark = unique_seconds()
@@ -41,5 +41,8 @@ async def test_200_runs_at_once_each_end_within_a_second_of_their_deadline(
         for index in range(RUNS):
             tg.start_soon(one, index)
     assert outcomes == [Outcome.DEADLINE_EXCEEDED] * RUNS
-    assert max(late) < 1.0, f"latest run ended {max(late):.2f} s after its deadline"
+    # Once the deadline fires a command gets ``kill_grace`` to end on TERM; everything
+    # else (200 sandboxes torn down on 2 cores) must fit in one more second.
+    budget = executor.kill_grace + 1.0
+    assert max(late) < budget, f"latest run ended {max(late):.2f} s after its deadline"
     assert processes_with(mark) == []

@@ -21,9 +21,8 @@ from cmbs_async.review import (
 )
 from executors import NullExecutor
 
-from .helpers import step
+from .helpers import assessed, replaying, step
 from .llm_server import LlamaServer, llm_marks
-from .test_review import assessed, replaying
 
 pytestmark = [pytest.mark.anyio, *llm_marks()]
 

@@ -3,13 +3,12 @@ REORIENT and PAUSE do to a run (with an in-process reviewer and human)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import anyio
 import pytest
 
-from cmbs_async import CallableAgent, Outcome, ScenarioSpec, Turn, Verdict, run_scenario
+from cmbs_async import Outcome, ScenarioSpec, Verdict, run_scenario
 from cmbs_async.protocol import Assessment, Commitment
 from cmbs_async.review import (
     CallbackHuman,
@@ -29,17 +28,9 @@ from cmbs_async.review import (
 )
 from executors import NullExecutor
 
-from .helpers import step
-from .test_chat_client import ChatApp, completion
+from .helpers import ChatApp, ScriptedReviewer, assessed, completion, replaying, step
 
 pytestmark = pytest.mark.anyio
-
-
-def assessed(action: str, payload: dict[str, str] | None = None, **assessment: object) -> str:
-    data = json.loads(step(action, payload))
-    data["assessment"] = {"commitment_met": True, "confidence": 0.9} | assessment
-    data["commitment"] = {"interpretation": "check the config", "assumptions": ["a"]}
-    return json.dumps(data)
 
 
 # -- reconcile -----------------------------------------------------------------------------
@@ -90,36 +81,12 @@ def test_parse_verdict_is_strict() -> None:
 # -- the layer in a run ----------------------------------------------------------------------
 
 
-class ScriptedReviewer:
-    """Answers with the given verdicts in turn and remembers what it was asked."""
-
-    def __init__(self, *verdicts: ReviewVerdict, delay: float = 0.0) -> None:
-        self.verdicts = list(verdicts)
-        self.requests: list[ReviewRequest] = []
-        self.delay = delay
-
-    async def review(self, request: ReviewRequest) -> ReviewVerdict:
-        self.requests.append(request)
-        await anyio.sleep(self.delay)
-        return self.verdicts.pop(0) if len(self.verdicts) > 1 else self.verdicts[0]
-
-
 CONTINUE = ReviewVerdict(verdict=Verdict3.CONTINUE, reasoning="fine")
 REORIENT = ReviewVerdict(
     verdict=Verdict3.REORIENT, reasoning="out of scope", correction="Stay in the workdir."
 )
 PAUSE = ReviewVerdict(verdict=Verdict3.PAUSE, reasoning="needs a human")
 SPEC = ScenarioSpec(id="reviewed", goal="check", deadline_s=20)
-
-
-def replaying(*messages: str) -> tuple[CallableAgent, list[Turn]]:
-    seen: list[Turn] = []
-
-    async def agent(turn: Turn) -> str | None:
-        seen.append(turn)
-        return messages[turn.step - 1] if turn.step <= len(messages) else None
-
-    return CallableAgent(agent), seen
 
 
 async def test_unflagged_steps_never_reach_the_reviewer() -> None:

@@ -39,6 +39,7 @@ from .helpers import (
     swap_the_workdir_run,
     swapping,
     unique_seconds,
+    until,
 )
 from .sshd import LocalSshd, ThrowawayUser, free_port, sshd_available
 
@@ -174,8 +175,8 @@ async def test_a_background_grandchild_does_not_hold_the_channel(
             timeout=30,
         )
     assert observation.success and observation.stdout.text == "done\n"
-    await anyio.sleep(0.2)
-    assert live_pids([int(pidfile.read_text())]) == []
+    grandchild = int(pidfile.read_text())
+    assert await until(lambda: not live_pids([grandchild])), "the grandchild still runs"
 
 
 async def test_thirty_concurrent_commands_on_one_connection(executor: SSHExecutor) -> None:
@@ -232,8 +233,10 @@ async def test_a_dropped_connection_is_an_honest_failure_then_reconnects(
     async with SSHExecutor(target(sshd)) as executor:
         workdir = await executor.prepare(None, {})
 
+        started = Path(workdir, "started")
+
         async def drop_the_connection() -> None:
-            await anyio.sleep(0.5)
+            assert await until(started.exists, within=30)  # the command runs
             assert sshd.process is not None
             found = await anyio.run_process(["pgrep", "-P", str(sshd.process.pid)], check=False)
             children = found.stdout.decode().split()
@@ -242,7 +245,9 @@ async def test_a_dropped_connection_is_an_honest_failure_then_reconnects(
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(drop_the_connection)
-            observation = await executor.run_command(workdir, "sleep 5; echo late", timeout=20)
+            observation = await executor.run_command(
+                workdir, "touch started; sleep 5; echo late", timeout=20
+            )
         assert not observation.success
         assert observation.error is not None and "lost during the command" in observation.error
         assert "late" not in observation.stdout.text
@@ -321,9 +326,7 @@ def launch_and_confirm(markers: dict[str, str]) -> str:
 
 async def survivors(markers: dict[str, str]) -> dict[str, list[int]]:
     """The leftovers still running after a moment's grace for the kernel to reap them."""
-    with anyio.move_on_after(10):
-        while any(processes_with(marker) for marker in markers.values()):  # noqa: ASYNC110
-            await anyio.sleep(0.05)  # nothing tells when a process elsewhere is gone
+    await until(lambda: not any(processes_with(marker) for marker in markers.values()))
     return {name: pids for name, marker in markers.items() if (pids := processes_with(marker))}
 
 
@@ -356,8 +359,7 @@ async def test_a_dropped_connection_ends_the_remote_command(
     async with SSHExecutor(target(sshd), containments=(containment,)) as executor:
 
         async def kill_the_sshd_child_once_all_run() -> None:
-            while not all(processes_with(m) for m in markers.values()):  # noqa: ASYNC110
-                await anyio.sleep(0.05)
+            assert await until(lambda: all(processes_with(m) for m in markers.values()), within=50)
             assert sshd.process is not None
             found = await anyio.run_process(["pgrep", "-P", str(sshd.process.pid)], check=False)
             for pid in found.stdout.decode().split():

@@ -68,7 +68,9 @@ class OpenAIAgent(Closing):
     """``next_step`` asks the model once (retrying transport errors) and returns its text.
 
     Over ``client`` when given (its creator closes it), else over an HTTP client of its own
-    that :meth:`aclose`, or the end of ``async with``, closes.
+    that :meth:`aclose`, or the end of ``async with``, closes. ``profile`` must be the one
+    the scenario's gate uses (its action names go in the prompt, its step schema constrains
+    the reply); without it, the built-in CISO profile.
     """
 
     def __init__(

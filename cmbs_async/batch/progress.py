@@ -7,6 +7,7 @@ import time
 from typing import Any, TextIO
 
 from .._text import escape_controls
+from ..result import Outcome
 
 __all__ = ["Progress"]
 
@@ -31,7 +32,7 @@ class Progress:
         self.running -= 1
         self.done += 1
         self._ran += 1
-        if record.get("outcome") != "terminated":
+        if record.get("outcome") != Outcome.TERMINATED:
             self.failed += 1
         if self.live:
             self._draw()

@@ -12,15 +12,19 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import anyio
+
+from executors import LocalExecutor
+from executors.sandbox import SandboxMode
+
+from ..agents import ScriptedAgent
+from ..scenario import ScenarioSpec
 from .jobs import BatchError, Job
 from .progress import Progress
 from .results import ResultLog
-from .runner import BatchReport
-
-if TYPE_CHECKING:
-    from executors.sandbox import SandboxMode
+from .runner import BatchReport, run_batch
 
 __all__ = ["run_batch_ray"]
 
@@ -31,14 +35,6 @@ def _shard(
     jobs: list[dict[str, Any]], agents: dict[str, list[str]], concurrency: int, sandbox: SandboxMode
 ) -> list[dict[str, Any]]:
     """Runs in a Ray worker: one event loop for the whole shard."""
-    import anyio
-
-    from executors.local import LocalExecutor
-
-    from ..agents import ScriptedAgent
-    from ..scenario import ScenarioSpec
-    from .runner import run_batch
-
     planned = [
         Job(
             scenario_file=j["scenario_file"],

@@ -11,6 +11,8 @@ from typing import Any
 
 import anyio
 
+from executors import Executor
+
 from ..agents import Agent
 from ..audit.store import AuditStore
 from ..runtime import run_scenario
@@ -42,7 +44,7 @@ async def run_batch(
     jobs: Sequence[Job],
     *,
     agents: Callable[[str], Callable[[], Agent]],
-    executor: object,
+    executor: Executor,
     concurrency: int,
     log: ResultLog | None = None,
     progress: Progress | None = None,
@@ -67,7 +69,7 @@ async def run_batch(
                 result = await run_scenario(
                     job.spec,
                     agent=factories[job.agent](),
-                    executor=executor,  # type: ignore[arg-type]
+                    executor=executor,
                     audit=audit,
                 )
                 record = result_record(job, result, started, time.time())

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .._text import table
+from ..profile import Profile
+from ..protocol import ActionKind, Verdict
+from ..result import Outcome
 
 __all__ = ["render_summary", "summarize"]
 
 
-def summarize(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize(
+    records: Iterable[dict[str, Any]], *, profiles: Mapping[str, Profile]
+) -> list[dict[str, Any]]:
+    """Per scenario and agent: runs, earned terminations, durations, and the posture claims
+    the gate blocked (``profiles`` gives each scenario file's profile, which names the
+    actions that declare a posture)."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         groups[(str(record.get("scenario_id")), str(record.get("agent")))].append(record)
@@ -20,18 +28,13 @@ def summarize(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     for (scenario, agent), runs in sorted(groups.items()):
         durations = sorted(float(r.get("duration_s") or 0.0) for r in runs)
         outcomes = Counter(str(r.get("outcome")) for r in runs)
-        blocked = sum(
-            1
-            for r in runs
-            for t in r.get("trace") or []
-            if t.get("action") == "declare_posture" and t.get("verdict") == "BLOCK"
-        )
+        blocked = sum(_blocked_claims(r, profiles[str(r.get("scenario_file"))]) for r in runs)
         rows.append(
             {
                 "scenario": scenario,
                 "agent": agent,
                 "runs": len(runs),
-                "earned": outcomes.get("terminated", 0),
+                "earned": outcomes.get(Outcome.TERMINATED, 0),
                 "outcomes": dict(outcomes),
                 "mean_s": statistics.fmean(durations) if durations else 0.0,
                 "p95_s": durations[min(len(durations) - 1, int(0.95 * len(durations)))]
@@ -41,6 +44,18 @@ def summarize(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _blocked_claims(record: dict[str, Any], profile: Profile) -> int:
+    """Steps of the run that declared a posture, in the profile's words, and were blocked."""
+    declaring = {
+        name for name, spec in profile.actions.items() if spec.kind is ActionKind.DECLARE_POSTURE
+    }
+    return sum(
+        1
+        for t in record.get("trace") or []
+        if t.get("action") in declaring and t.get("verdict") == Verdict.BLOCK
+    )
 
 
 def render_summary(rows: list[dict[str, Any]]) -> str:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import anyio
 
-from ..agents import ScriptedAgent
+from ..agents import Agent, ScriptedAgent
 from ..audit import SQLiteAuditStore, default_data_dir, load_or_create_key
 from ..batch import (
     BatchError,
     BatchReport,
+    Job,
     Progress,
     ResultLog,
     plan,
@@ -22,6 +24,9 @@ from ..batch import (
     summarize,
     tune_gc_for_batches,
 )
+from ..batch.ray_backend import run_batch_ray
+from ..profile import Profile, load_profile
+from ..result import Outcome
 from .signals import Interrupted, cancel_on_signals
 from .specs import SpecError, add_sandbox_option, agent_factory, executor_from_spec, secrets_of
 
@@ -63,6 +68,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
     jobs = plan(args.scenarios, args.agent, args.repeat)
     tune_gc_for_batches()
     factories = {spec: agent_factory(spec) for spec in args.agent}
+    profiles = {name: load_profile(name) for name in dict.fromkeys(j.spec.profile for j in jobs)}
     log = ResultLog(args.out, resume=args.resume)
     stopped: Interrupted | None = None
     try:
@@ -72,11 +78,9 @@ def run_batch_command(args: argparse.Namespace) -> int:
                 raise SpecError("--backend ray runs the local executor on its workers")
             if args.audit_db:
                 raise SpecError("--audit-db is not available with --backend ray")
-            from ..batch.ray_backend import run_batch_ray
-
             lines = {}
             for spec, make in factories.items():
-                agent = make()
+                agent = make(profiles[jobs[0].spec.profile])  # a script ignores its profile
                 if not isinstance(agent, ScriptedAgent):
                     raise SpecError(f"--agent {spec}: only script: agents run on Ray")
                 lines[spec] = [str(message) for message in agent.messages]
@@ -93,7 +97,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
         else:
             try:
                 report = anyio.run(
-                    _local, args, jobs, factories, log, progress, backend=args.backend
+                    _local, args, jobs, factories, profiles, log, progress, backend=args.backend
                 )
             except Interrupted as exc:
                 report, stopped = BatchReport(interrupted=True), exc
@@ -102,7 +106,8 @@ def run_batch_command(args: argparse.Namespace) -> int:
         records = [r for r in log.records if r["key"] in keys]
     finally:
         log.close()
-    print(render_summary(summarize(records)))
+    of_file = {job.scenario_file: profiles[job.spec.profile] for job in jobs}
+    print(render_summary(summarize(records, profiles=of_file)))
     print(
         f"\n{len(records)} of {len(jobs)} runs have results in {args.out}"
         + (f" ({report.skipped} from before)" if report.skipped else "")
@@ -110,12 +115,19 @@ def run_batch_command(args: argparse.Namespace) -> int:
     if report.interrupted:
         print("interrupted: run the same command with --resume to finish", file=sys.stderr)
         return stopped.exit_status if stopped is not None else EXIT_INTERRUPTED
-    earned = all(r.get("outcome") == "terminated" for r in records) and len(records) == len(jobs)
+    earned = len(records) == len(jobs) and all(
+        r.get("outcome") == Outcome.TERMINATED for r in records
+    )
     return EXIT_ALL_EARNED if earned else EXIT_NOT_ALL_EARNED
 
 
 async def _local(
-    args: argparse.Namespace, jobs: Any, factories: Any, log: ResultLog, progress: Progress
+    args: argparse.Namespace,
+    jobs: list[Job],
+    factories: dict[str, Callable[[Profile], Agent]],
+    profiles: dict[str, Profile],
+    log: ResultLog,
+    progress: Progress,
 ) -> BatchReport:
     key_path = default_data_dir() / "signing_key"
     executor = executor_from_spec(
@@ -127,21 +139,28 @@ async def _local(
     store = None
     if args.audit_db:
         store = SQLiteAuditStore(args.audit_db, key=load_or_create_key(key_path))
-    try:
-        return await cancel_on_signals(
-            partial(
-                run_batch,
-                jobs,
-                agents=lambda spec: factories[spec],
+
+    async def by_profile() -> BatchReport:
+        """The jobs of each profile in turn, each agent made for its scenario's profile."""
+        report = BatchReport()
+        for name, profile in profiles.items():
+            makers = {spec: partial(make, profile) for spec, make in factories.items()}
+            part = await run_batch(
+                [job for job in jobs if job.spec.profile == name],
+                agents=makers.__getitem__,
                 executor=executor,
                 concurrency=args.concurrency,
                 log=log,
                 progress=progress,
                 audit=store,
             )
-        )
+            report.records += part.records
+            report.skipped += part.skipped
+        return report
+
+    try:
+        return await cancel_on_signals(by_profile)
     finally:
         if store is not None:
             store.close()
-        if hasattr(executor, "aclose"):
-            await executor.aclose()
+        await executor.aclose()

@@ -17,6 +17,8 @@ from typing import Any, NoReturn
 
 import anyio
 
+from executors import Executor
+
 from ..agents import Agent
 from ..audit import AuditError, SQLiteAuditStore, default_data_dir, load_or_create_key
 from ..audit.signing import KeyError_ as SigningKeyError
@@ -209,11 +211,13 @@ def _containment(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _prepare(args: argparse.Namespace) -> tuple[ScenarioSpec, Agent, object, dict[str, Any]]:
+def _prepare(
+    args: argparse.Namespace,
+) -> tuple[ScenarioSpec, Agent, Executor, dict[str, Any]]:
     if args.command == "demo":
         return demo_scenario(), demo_agent(), executor_from_spec("local", **_containment(args)), {}
     spec = load_scenario(args.scenario)
-    load_profile(spec.profile)  # an unknown profile is the user's mistake: say so now
+    profile = load_profile(spec.profile)  # an unknown profile is the user's mistake: say so now
     if args.workdir:
         spec = spec.model_copy(update={"workdir": args.workdir})
     if args.var:
@@ -224,7 +228,11 @@ def _prepare(args: argparse.Namespace) -> tuple[ScenarioSpec, Agent, object, dic
                 raise UsageError(f"--var {item!r}: expected NAME=VALUE")
             overrides_vars[name] = value
         spec = spec.model_copy(update={"vars": overrides_vars})
-    overrides: dict[str, Any] = {"deadline": args.deadline, "max_steps": args.max_steps}
+    overrides: dict[str, Any] = {
+        "deadline": args.deadline,
+        "max_steps": args.max_steps,
+        "profile": profile,
+    }
     if args.config:
         config = load_config(args.config)
         if not config.base_url:
@@ -244,11 +252,11 @@ def _prepare(args: argparse.Namespace) -> tuple[ScenarioSpec, Agent, object, dic
         host_key=args.host_key or spec.host_key,
         insecure=args.insecure_no_host_key_check,
     )
-    return spec, agent_from_spec(args.agent), executor, overrides
+    return spec, agent_from_spec(args.agent, profile=profile), executor, overrides
 
 
 async def _run(
-    spec: ScenarioSpec, agent: Agent, executor: Any, overrides: dict[str, Any]
+    spec: ScenarioSpec, agent: Agent, executor: Executor, overrides: dict[str, Any]
 ) -> ScenarioResult:
     try:
         return await cancel_on_signals(
@@ -258,5 +266,4 @@ async def _run(
         with anyio.CancelScope(shield=True):  # what the command line made, it closes
             if "review" in overrides:
                 await overrides["review"].reviewer.aclose()
-            if hasattr(executor, "aclose"):
-                await executor.aclose()
+            await executor.aclose()

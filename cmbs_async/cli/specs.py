@@ -8,10 +8,12 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from executors.local import LocalExecutor
+from executors import Executor, LocalExecutor
 from executors.sandbox import INSTALL_HINT, SandboxMode, SandboxUnavailable
+from executors.ssh import SSHExecutor, SSHTarget
 
 from ..agents import Agent, OpenAIAgent, ScriptedAgent, StdioAgent
+from ..profile import Profile
 
 __all__ = [
     "SpecError",
@@ -27,12 +29,13 @@ class SpecError(ValueError):
     """A spec the command line cannot use; the message is one line for the user."""
 
 
-def agent_factory(spec: str) -> Callable[[], Agent]:
-    """A maker of fresh agents for ``spec``; the spec's files are read once, now.
+def agent_factory(spec: str) -> Callable[[Profile], Agent]:
+    """A maker of fresh agents for ``spec``, given the scenario's profile; the spec's files
+    are read once, now.
 
     ``script:STEPS.jsonl``: a scripted agent replaying that file; ``stdio:COMMAND``: a
     program speaking JSON lines; ``openai:MODEL@BASE_URL``: a language model (its key from
-    ``CMBS_AGENT_API_KEY``).
+    ``CMBS_AGENT_API_KEY``) prompted with the profile's actions and constrained by its schema.
     """
     kind, sep, rest = spec.partition(":")
     if kind == "script" and sep and rest:
@@ -42,22 +45,23 @@ def agent_factory(spec: str) -> Callable[[], Agent]:
             raise SpecError(f"--agent {spec}: cannot read {rest}: {exc.strerror or exc}") from exc
         except UnicodeDecodeError as exc:
             raise SpecError(f"--agent {spec}: {rest} is not UTF-8 text") from exc
-        return lambda: ScriptedAgent(lines)
+        return lambda profile: ScriptedAgent(lines)
     if kind == "stdio" and sep and rest:
-        return lambda: StdioAgent(rest)
+        return lambda profile: StdioAgent(rest)
     if kind == "openai" and sep and rest:
         try:
             OpenAIAgent.from_spec(rest)
         except ValueError as exc:
             raise SpecError(f"--agent {exc}") from exc
-        return lambda: OpenAIAgent.from_spec(rest)
+        return lambda profile: OpenAIAgent.from_spec(rest, profile=profile)
     raise SpecError(
         f"--agent {spec!r}: expected script:STEPS.jsonl, stdio:COMMAND or openai:MODEL@BASE_URL"
     )
 
 
-def agent_from_spec(spec: str) -> Agent:
-    return agent_factory(spec)()
+def agent_from_spec(spec: str, *, profile: Profile) -> Agent:
+    """One agent for ``spec``, speaking the vocabulary of ``profile``."""
+    return agent_factory(spec)(profile)
 
 
 def add_sandbox_option(parser: argparse.ArgumentParser) -> None:
@@ -89,7 +93,7 @@ def executor_from_spec(
     known_hosts: str | None = None,
     host_key: str | None = None,
     insecure: bool = False,
-) -> object:
+) -> Executor:
     """``local``, or ``ssh://USER@HOST[:PORT]`` with its connection options.
 
     ``sandbox`` and ``hidden`` are for the local executor; without bubblewrap, ``auto``
@@ -108,8 +112,6 @@ def executor_from_spec(
             )
         return local
     if spec.startswith("ssh://"):
-        from executors.ssh import SSHExecutor, SSHTarget
-
         for path in (*identities, *([known_hosts] if known_hosts else [])):
             if not os.path.isfile(path):
                 raise SpecError(f"no such file: {path}")
