@@ -29,6 +29,7 @@ from structlog.contextvars import bind_contextvars, bound_contextvars
 
 from executors import Executor, ExecutorError, LocalExecutor
 
+from ._errors import single_failure
 from ._streams import receive, send
 from .agents.base import Agent, AgentMessage
 from .audit.sqlite import AuditError
@@ -101,6 +102,7 @@ class _Run:
         )
 
 
+@single_failure
 async def run_scenario(
     spec: ScenarioSpec,
     *,
@@ -410,7 +412,7 @@ async def _supervise(
         Events.GATE_VERDICT,
         action=decision.action_type,
         verdict=decision.verdict.value,
-        message=decision.message,
+        reason=decision.message,  # not "message": a log record has a message of its own
         detail=decision.detail,
     )
     observed = None
