@@ -16,6 +16,7 @@ gets a trailing underscore there.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import re
@@ -29,6 +30,7 @@ __all__ = ["EventLogger"]
 
 _LEVELS = (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL)
 _RESERVED = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+_PLUMBING = ("structlog.", __name__)
 _WORD = re.compile(r"[\w.:/@+-]+", re.ASCII)
 
 
@@ -77,7 +79,19 @@ def _to_logging(
     fields = (f"{key}={_text(value)}" for key, value in event_dict.items() if value is not None)
     text = " ".join([event, *fields])
     extra = {(f"{key}_" if key in _RESERVED else key): value for key, value in event_dict.items()}
-    return (text,), {"extra": {"event": event, **extra}}
+    return (text,), {"extra": {"event": event, **extra}, "stacklevel": _call_site()}
+
+
+def _call_site() -> int:
+    """The ``stacklevel`` that makes the record name the code that logged the event (its
+    ``funcName`` and ``lineno``), not structlog's call into ``logging``."""
+    frame = inspect.currentframe()
+    for _ in range(3):  # this function, _to_logging, structlog's _process_event
+        frame = frame.f_back if frame is not None else None
+    level = 1  # the frame that calls logging: structlog's
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(_PLUMBING):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _text(value: object) -> str:
