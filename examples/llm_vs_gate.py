@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
-import structlog
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -123,7 +121,6 @@ async def one_run(
 
 
 async def main(runs: int, base_url: str | None, model: str) -> None:
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     bindir = str(Path(sys.executable).parent)
     os.environ["PATH"] = f"{bindir}:{os.environ['PATH']}"
     with contextlib.ExitStack() as stack:

@@ -46,17 +46,20 @@ class EventLogger:
     def __init__(self, name: str) -> None:
         self.name = name
         self._logger = logging.getLogger(name)
+        self._filtered: dict[int, FilteringBoundLogger] = {}  # by level; they never change
 
     def bind(self, **context: Any) -> FilteringBoundLogger:
         """A logger carrying ``context``, filtered at the level ``logging`` has now."""
         level = next((lv for lv in _LEVELS if self._logger.isEnabledFor(lv)), logging.CRITICAL)
-        proxy = structlog.wrap_logger(
-            self._logger,
-            wrapper_class=structlog.make_filtering_bound_logger(level),
-            processors=[merge_contextvars, _to_logging],
-        )
-        logger: FilteringBoundLogger = proxy.bind(**context)
-        return logger
+        logger = self._filtered.get(level)
+        if logger is None:
+            proxy = structlog.wrap_logger(
+                self._logger,
+                wrapper_class=structlog.make_filtering_bound_logger(level),
+                processors=[merge_contextvars, _to_logging],
+            )
+            logger = self._filtered[level] = proxy.bind()
+        return logger.bind(**context) if context else logger
 
     def debug(self, event: str, **fields: Any) -> None:
         self.bind().debug(event, **fields)
