@@ -130,7 +130,8 @@ async def run_scenario(
     ``audit_error``, and the end record gets at most a second more. Cancelled from outside
     (a signal, the caller's scope), the run still kills what runs and records its end
     (``cancelled``), then lets the cancellation through. ``duration_s`` is the call's wall
-    time.
+    time. A failure it does not expect (a bug in an executor, an agent whose ``aclose``
+    raises) comes out as itself, not in an ``ExceptionGroup``.
     """
     started = anyio.current_time()
     if executor is None:
