@@ -25,6 +25,7 @@ from cmbs_async import (
     Outcome,
     Review,
     ScenarioSpec,
+    ScriptedAgent,
     SQLiteAuditStore,
     StdioAgent,
     SupervisionConfig,
@@ -335,6 +336,25 @@ def test_the_applications_structlog_configuration_is_its_own() -> None:
     out, err = _embedded(setup, after=after)
     assert out.splitlines() == ['{"event": "app.started"}', '{"event": "app.finished"}']
     assert err == ""
+
+
+async def test_pytests_caplog_sees_the_events_and_where_they_were_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="cmbs_async")
+    result = await run_scenario(
+        SPEC, agent=ScriptedAgent([step("terminate")]), executor=NullExecutor()
+    )
+    ours = [record for record in caplog.records if record.name == "cmbs_async"]
+    assert {"turn.sent", "gate.verdict", "scenario.finished"} <= {r.event for r in ours}
+    finished = ours[-1]
+    assert (finished.event, finished.outcome, finished.steps) == (
+        "scenario.finished",
+        result.outcome.value,
+        result.steps,
+    )
+    assert (finished.filename, finished.funcName) == ("runtime.py", "run_scenario")
+    assert finished.scenario_id == "embedded"
 
 
 def test_an_event_is_one_line_whatever_the_agent_sends() -> None:
