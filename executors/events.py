@@ -38,9 +38,9 @@ class EventLogger:
     """Events for the standard logger ``name`` (``cmbs_async`` or one of its children).
 
     Log through it directly, or :meth:`bind` once and log through what it returns: that
-    logger drops an event below the level ``logging`` has for ``name`` at the time of
-    binding without building it (a few tens of nanoseconds), which the runtime, binding
-    once per run, relies on.
+    logger drops an event below the level ``logging`` had for ``name`` when it was bound
+    in one method call that returns at once, building nothing. The runtime binds once
+    per run.
     """
 
     def __init__(self, name: str) -> None:
@@ -98,6 +98,7 @@ def _call_site() -> int:
 
 
 def _text(value: object) -> str:
+    """A field's value in the message: as it is if it is a number or a plain word."""
     if isinstance(value, bool | int | float):
         return str(value)
     if isinstance(value, str) and _WORD.fullmatch(value):

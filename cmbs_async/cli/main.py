@@ -21,11 +21,7 @@ from executors import Executor
 
 from .._errors import CmbsError
 from ..agents import Agent
-from ..audit import (
-    SQLiteAuditStore,
-    default_data_dir,
-    load_or_create_key,
-)
+from ..audit import SQLiteAuditStore, default_data_dir, load_or_create_key
 from ..demo import demo_agent, demo_scenario
 from ..profile import builtin_profiles, load_profile
 from ..result import ScenarioResult
