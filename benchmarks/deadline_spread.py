@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import statistics
 
 import anyio
-import structlog
 
 from cmbs_async import ScenarioSpec, ScriptedAgent, run_scenario
 from executors import LocalExecutor
@@ -52,7 +50,6 @@ async def spread(size: int, deadline: float, command: str) -> list[float]:
 
 
 async def main(sizes: list[int], deadline: float) -> None:
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     print(f"deadline {deadline:g} s; seconds after it that runs ended (sandbox: bwrap)")
     print(f"{'in flight':>10}  {'command':<22} {'median':>7} {'max':>7}")
     for size in sizes:

@@ -4,13 +4,15 @@ Run: ``python benchmarks/runtime_overhead.py [--rounds N]``. In one process, sid
 and interleaved round by round, on asyncio and trio:
 
 (a) steps per second of ``run_scenario`` (three actors, memory streams, one cancel scope,
-    events filtered at WARNING as the CLI's default) versus a plain loop calling the same
+    logging not configured: events below WARNING are dropped) versus a plain loop calling the same
     agent, gate and executor directly; with a no-op executor, with the local executor
     running ``true`` bare and in its bubblewrap sandbox, and with an executor that only
     sleeps 1 ms (no process: it shows what waiting alone does to the steps around it).
     Ratio = runtime / plain (1.0 means no overhead), the median of the per-round ratios.
 (b) the floor under (a): the four stream hops of a step with no work at all;
-(c) the gate's decision cost per step (median and p99), over a mix of steps.
+(c) the gate's decision cost per step (median and p99), over a mix of steps;
+(d) the cost of one event through the runtime's per-run logger: dropped (logging not
+    configured, the default) and delivered (a handler at INFO that keeps nothing).
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ import time
 from collections.abc import Callable
 
 import anyio
-import structlog
 from bare_hops import hop_cost
 
 from cmbs_async import CallableAgent, Gate, ScenarioSpec, Turn, load_profile, run_scenario
+from cmbs_async.events import Events, logger
 from cmbs_async.protocol import CommandEnv, Observation
 from executors import LocalExecutor, NullExecutor
 
@@ -114,16 +116,36 @@ def gate_cost(samples: int) -> tuple[float, float]:
     return statistics.median(costs) / 1000, costs[int(len(costs) * 0.99)] / 1000
 
 
+def event_cost(samples: int, *, deliver: bool = False) -> float:
+    """Nanoseconds per ``gate.verdict`` event through a logger bound as a run binds it."""
+    stdlib = logging.getLogger("cmbs_async")
+    handler = logging.NullHandler()
+    if deliver:
+        stdlib.addHandler(handler)
+        stdlib.setLevel(logging.INFO)
+    try:
+        log = logger.bind()
+        start = time.perf_counter_ns()
+        for _ in range(samples):
+            log.info(
+                Events.GATE_VERDICT,
+                action="check_status",
+                verdict="ALLOW",
+                reason="Action allowed.",
+                detail=None,
+            )
+        return (time.perf_counter_ns() - start) / samples
+    finally:
+        stdlib.removeHandler(handler)
+        stdlib.setLevel(logging.NOTSET)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--null-steps", type=int, default=3000)
     parser.add_argument("--true-steps", type=int, default=200)
     args = parser.parse_args()
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        cache_logger_on_first_use=True,
-    )
 
     cases: list[tuple[str, Callable[[], object], int]] = [
         ("no-op executor", NullExecutor, args.null_steps),
@@ -155,6 +177,8 @@ def main() -> None:
     )
     median, p99 = gate_cost(40_000)
     print(f"gate decision cost per step: median {median:.1f} us, p99 {p99:.1f} us")
+    dropped, delivered = event_cost(200_000), event_cost(20_000, deliver=True)
+    print(f"one event: {dropped:.0f} ns dropped, {delivered / 1000:.1f} us delivered to a handler")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,14 @@
 
 A permissive, stateful gate (CMBS) that observes execution outcomes and blocks only
 epistemically invalid moves, run as three anyio actors under one deadline.
+
+Every error it raises on purpose derives from :class:`CmbsError`; its events go to the
+standard logger ``cmbs_async`` and are shown only as the application configures logging.
 """
 
+from executors import ExecutorError
+
+from ._errors import CmbsError
 from .agents import (
     Agent,
     AgentMessage,
@@ -14,7 +20,15 @@ from .agents import (
     ScriptedAgent,
     StdioAgent,
 )
-from .audit import AuditStore, SQLiteAuditStore, load_or_create_key, replay
+from .audit import (
+    AuditError,
+    AuditStore,
+    SigningKeyError,
+    SQLiteAuditStore,
+    load_or_create_key,
+    replay,
+)
+from .batch import BatchError
 from .gate import Decision, Gate, Messages, Payload, Rules
 from .masks import Masks
 from .profile import (
@@ -43,7 +57,15 @@ from .protocol import (
     Verdict,
 )
 from .result import Outcome, ScenarioResult, TraceEntry
-from .review import CallbackHuman, ConsoleHuman, OpenAIReviewer, Review, SupervisionConfig
+from .review import (
+    CallbackHuman,
+    ConfigError,
+    ConsoleHuman,
+    OpenAIReviewer,
+    Review,
+    ReviewerError,
+    SupervisionConfig,
+)
 from .runtime import run_scenario
 from .scenario import ScenarioError, ScenarioSpec, load_scenario
 
@@ -59,14 +81,19 @@ __all__ = [
     "AgentStep",
     "ArtifactPayload",
     "Assessment",
+    "AuditError",
     "AuditStore",
+    "BatchError",
     "Belief",
     "CallableAgent",
     "CallbackHuman",
+    "CmbsError",
     "CommandPayload",
     "Commitment",
+    "ConfigError",
     "ConsoleHuman",
     "Decision",
+    "ExecutorError",
     "Gate",
     "Masks",
     "MasksView",
@@ -84,12 +111,14 @@ __all__ = [
     "ProfileError",
     "Response",
     "Review",
+    "ReviewerError",
     "Rules",
     "SQLiteAuditStore",
     "ScenarioError",
     "ScenarioResult",
     "ScenarioSpec",
     "ScriptedAgent",
+    "SigningKeyError",
     "StdioAgent",
     "SupervisionConfig",
     "TraceEntry",

@@ -1,10 +1,23 @@
-"""One-line explanations of validation failures, for users of the CLI and the API."""
+"""How errors reach the user: one root class, one-line reasons, one failure at a time.
+
+:class:`CmbsError` is defined with the executors, the lowest layer, so that their errors
+share it; every error the library raises on purpose derives from it.
+"""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
+
 from pydantic import ValidationError
 
-__all__ = ["one_line", "validation_reason"]
+from executors import CmbsError
+
+__all__ = ["CmbsError", "one_line", "single_failure", "validation_reason"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def one_line(text: str) -> str:
@@ -18,3 +31,27 @@ def validation_reason(exc: ValidationError) -> str:
     where = ".".join(str(part) for part in error["loc"]) or "(top level)"
     extra = f" ({len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     return one_line(f"{where}: {error['msg']}{extra}")
+
+
+def single_failure(
+    function: Callable[P, Awaitable[T]],
+) -> Callable[P, Coroutine[Any, Any, T]]:
+    """Let ``function`` raise a lone failure from its task groups as itself.
+
+    Task groups wrap what their tasks raise in an :class:`ExceptionGroup`, nested once
+    per task group it passes through. When the group holds a single exception, the caller
+    gets that exception (its traceback and cause intact); several at once stay a group.
+    Cancellation is untouched: anyio raises it bare.
+    """
+
+    @functools.wraps(function)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await function(*args, **kwargs)
+        except BaseExceptionGroup as group:
+            failure: BaseException = group
+        while isinstance(failure, BaseExceptionGroup) and len(failure.exceptions) == 1:
+            failure = failure.exceptions[0]
+        raise failure  # outside the handler: no "during handling" chain back to the group
+
+    return wrapper

@@ -1,15 +1,14 @@
 """Structured events: their names, and the logger they go through.
 
-The library never configures logging; whoever runs it does (the CLI does, see
-:mod:`cmbs_async.cli.logs`). Events are bound to ``scenario_id`` and ``step`` through
-structlog's contextvars, so any processor chain can pick them up.
+Events go to the standard logger ``cmbs_async`` (see :mod:`executors.events`, where the
+logger class lives so that executors log the same way). The library configures no
+logging; whoever runs it does (the CLI does, see :mod:`cmbs_async.cli.logs`). Events carry
+``scenario_id`` and ``step``, bound through structlog's contextvars.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import structlog
+from executors.events import EventLogger
 
 __all__ = ["Events", "logger"]
 
@@ -31,4 +30,4 @@ class Events:
     AUDIT_END_NOT_RECORDED = "audit.end_not_recorded"
 
 
-logger: Any = structlog.get_logger("cmbs_async")
+logger = EventLogger("cmbs_async")

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ._errors import one_line, validation_reason
+from ._errors import CmbsError, one_line, validation_reason
 from .protocol import PAYLOAD_MODELS, ActionKind, AgentStep, EvidenceState, Observation
 
 __all__ = [
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 
-class ProfileError(ValueError):
+class ProfileError(CmbsError, ValueError):
     """A profile could not be found or is not valid; the message is one line."""
 
 

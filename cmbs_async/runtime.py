@@ -29,6 +29,7 @@ from structlog.contextvars import bind_contextvars, bound_contextvars
 
 from executors import Executor, ExecutorError, LocalExecutor
 
+from ._errors import single_failure
 from ._streams import receive, send
 from .agents.base import Agent, AgentMessage
 from .audit.sqlite import AuditError
@@ -101,6 +102,7 @@ class _Run:
         )
 
 
+@single_failure
 async def run_scenario(
     spec: ScenarioSpec,
     *,
@@ -128,7 +130,8 @@ async def run_scenario(
     ``audit_error``, and the end record gets at most a second more. Cancelled from outside
     (a signal, the caller's scope), the run still kills what runs and records its end
     (``cancelled``), then lets the cancellation through. ``duration_s`` is the call's wall
-    time.
+    time. A failure it does not expect (a bug in an executor, an agent whose ``aclose``
+    raises) comes out as itself, not in an ``ExceptionGroup``.
     """
     started = anyio.current_time()
     if executor is None:
@@ -410,7 +413,7 @@ async def _supervise(
         Events.GATE_VERDICT,
         action=decision.action_type,
         verdict=decision.verdict.value,
-        message=decision.message,
+        reason=decision.message,  # not "message": a log record has a message of its own
         detail=decision.detail,
     )
     observed = None

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ._errors import one_line, validation_reason
+from ._errors import CmbsError, one_line, validation_reason
 from .protocol import ENV_NAME, CommandEnv
 
 __all__ = ["ScenarioError", "ScenarioSpec", "load_scenario"]
@@ -19,7 +19,7 @@ __all__ = ["ScenarioError", "ScenarioSpec", "load_scenario"]
 _VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
 
-class ScenarioError(ValueError):
+class ScenarioError(CmbsError, ValueError):
     """A scenario file could not be read or is not valid; the message is one line."""
 
 

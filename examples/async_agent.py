@@ -11,7 +11,6 @@ import json
 import logging
 
 import anyio
-import structlog
 
 from cmbs_async import CallableAgent, ScenarioSpec, Turn, run_scenario
 
@@ -43,8 +42,9 @@ async def agent(turn: Turn) -> str | None:
 
 
 async def main() -> None:
-    # The library configures no logging; an application picks what it wants to see.
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    # The library configures no logging; an application picks what it wants to see. Its
+    # events go to the standard logger "cmbs_async"; this shows warnings and up.
+    logging.basicConfig(level=logging.WARNING)
     result = await run_scenario(SPEC, agent=CallableAgent(agent))
     for entry in result.trace:
         print(entry.step, entry.action, entry.verdict.value, entry.observed or "")

@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
-import structlog
 
 from cmbs_async import (
     ActionKind,
@@ -120,7 +118,6 @@ async def one_run(rules: Rules, tally: Tally, spec: ScenarioSpec, args: argparse
 
 
 async def main(args: argparse.Namespace) -> None:
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     bindir = str(Path(sys.executable).parent)
     os.environ["PATH"] = f"{bindir}:{os.environ['PATH']}"
     target = SSHTarget.parse(args.target)

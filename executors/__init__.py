@@ -3,6 +3,7 @@ over SSH in :mod:`executors.ssh`."""
 
 from .base import (
     DEFAULT_OUTPUT_CAP,
+    CmbsError,
     Executor,
     ExecutorError,
     OutputBuffer,
@@ -14,6 +15,7 @@ from .null import NullExecutor
 
 __all__ = [
     "DEFAULT_OUTPUT_CAP",
+    "CmbsError",
     "Executor",
     "ExecutorError",
     "LocalExecutor",

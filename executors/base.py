@@ -12,6 +12,7 @@ from .observation import CommandEnv, Observation, Output
 __all__ = [
     "DEFAULT_OUTPUT_CAP",
     "Closing",
+    "CmbsError",
     "Executor",
     "ExecutorError",
     "OutputBuffer",
@@ -24,11 +25,21 @@ __all__ = [
 DEFAULT_OUTPUT_CAP = 64 * 1024
 
 
-class ExecutorError(RuntimeError):
+class CmbsError(Exception):
+    """The root of every error cmbs-async raises on purpose; ``cmbs_async.CmbsError``.
+
+    Each error also derives from the built-in exception it stands for (``ValueError``
+    for an invalid file or path, ``RuntimeError`` for a part that cannot work), so code
+    that catches those keeps working. It is defined here, in the lowest layer, so that
+    executor errors share it.
+    """
+
+
+class ExecutorError(CmbsError, RuntimeError):
     """The executor itself cannot work (no workdir, no connection); ends the run."""
 
 
-class PathRefused(ValueError):
+class PathRefused(CmbsError, ValueError):
     """An artifact path would leave the workdir."""
 
 

@@ -50,7 +50,6 @@ from urllib.parse import urlsplit
 
 import anyio
 import asyncssh
-import structlog
 
 from .base import (
     DEFAULT_OUTPUT_CAP,
@@ -62,6 +61,7 @@ from .base import (
     refused_artifact,
     seed_files,
 )
+from .events import EventLogger
 from .observation import CommandEnv, Observation
 
 __all__ = [
@@ -73,7 +73,7 @@ __all__ = [
     "SSHUnreachable",
 ]
 
-_log = structlog.get_logger("cmbs_async.ssh")
+_log = EventLogger("cmbs_async.ssh")
 T = TypeVar("T")
 
 #: What may contain the remote commands, strongest first (see the module docstring).

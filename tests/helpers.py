@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -40,6 +41,29 @@ def step(
             "action": {"type": action, "payload": payload or {}},
         }
     )
+
+
+@contextmanager
+def captured_events(name: str = "cmbs_async") -> Iterator[list[dict[str, Any]]]:
+    """The events the standard logger ``name`` gets while the block runs, debug and up,
+    each as its fields (``event`` for the name) and ``log_level``."""
+    events: list[dict[str, Any]] = []
+    standard = {*vars(logging.makeLogRecord({})), "message", "asctime"}
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            fields = {k: v for k, v in vars(record).items() if k not in standard}
+            events.append(fields | {"log_level": record.levelname.lower()})
+
+    logger, handler = logging.getLogger(name), Keep()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield events
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def live_group_members(pgid: int) -> list[int]:

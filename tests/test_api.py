@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import subprocess
 import sys
+from types import ModuleType
 
 import pytest
 
 import cmbs_async
 import executors
+from cmbs_async.cli.signals import Interrupted
 
 
 def test_all_names_are_exported() -> None:
@@ -22,9 +26,37 @@ def test_all_names_are_exported() -> None:
 
 
 def test_importing_configures_no_logging() -> None:
-    code = "import structlog, cmbs_async, executors;print(structlog.is_configured())"
+    code = (
+        "import logging, structlog, cmbs_async, executors, executors.ssh;"
+        "ours = logging.getLogger('cmbs_async');"
+        "print(structlog.is_configured(), logging.root.handlers, ours.handlers, ours.level)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "False"
+    assert done.stdout.split() == ["False", "[]", "[]", "0"]
+
+
+def _modules(package: ModuleType) -> list[ModuleType]:
+    names = [info.name for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")]
+    return [package, *(importlib.import_module(n) for n in names if not n.endswith("__main__"))]
+
+
+def test_every_error_the_library_defines_derives_from_cmbs_error() -> None:
+    errors = {
+        thing
+        for module in [*_modules(cmbs_async), *_modules(executors)]
+        for thing in vars(module).values()
+        if isinstance(thing, type)
+        and issubclass(thing, BaseException)
+        and thing.__module__ == module.__name__
+    }
+    assert len(errors) > 15  # the walk found them
+    # A signal caught by the command line is no error: it ends the command with 128 + N.
+    assert {e for e in errors if not issubclass(e, cmbs_async.CmbsError)} == {Interrupted}
+    assert cmbs_async.CmbsError is executors.CmbsError
+    public = {e for e in errors if not e.__module__.startswith("cmbs_async.cli")}
+    assert all(e.__name__ in getattr(sys.modules[e.__module__], "__all__", ()) for e in public)
+    library = {e for e in public if not e.__module__.startswith(("executors", "cmbs_async.tools"))}
+    assert library <= {getattr(cmbs_async, name) for name in cmbs_async.__all__}
 
 
 @pytest.mark.anyio

@@ -18,13 +18,12 @@ from typing import Any
 import anyio
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from structlog.testing import capture_logs
 
 from cmbs_async import CallableAgent, Outcome, ScenarioSpec, Turn, run_scenario
 from cmbs_async.audit import SQLiteAuditStore
 from cmbs_async.events import Events
 
-from .helpers import CMBS, step
+from .helpers import CMBS, captured_events, step
 
 #: Runs SQL it reads on stdin, one statement a line, and says "ok" after each.
 _LOCKER = """
@@ -114,7 +113,7 @@ async def test_a_locked_audit_db_cannot_stretch_a_2_s_deadline(db: Path, locker:
     async def agent(turn: Turn) -> str:
         return step("check_status", {"command": "echo hi"})
 
-    with capture_logs() as events:
+    with captured_events() as events:
         started = time.monotonic()
         result = await run_scenario(
             ScenarioSpec(id="locked", goal="g"), agent=CallableAgent(agent), deadline=2, audit=store
@@ -146,7 +145,7 @@ async def test_a_lock_taken_mid_run_stops_the_step_it_catches(
         return step("check_status", {"command": f"touch ran-{turn.step}"})
 
     spec = ScenarioSpec(id="locked-later", goal="g", workdir=str(workdir))
-    with capture_logs() as events:
+    with captured_events() as events:
         started = time.monotonic()
         result = await run_scenario(spec, agent=CallableAgent(agent), deadline=3, audit=store)
         took = time.monotonic() - started

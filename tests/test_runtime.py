@@ -7,8 +7,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-from structlog.contextvars import merge_contextvars
-from structlog.testing import capture_logs
 
 from cmbs_async import (
     CallableAgent,
@@ -23,7 +21,7 @@ from cmbs_async.demo import demo_agent, demo_scenario
 from cmbs_async.events import Events
 from executors import LocalExecutor, NullExecutor
 
-from .helpers import processes_with, step, unique_seconds
+from .helpers import captured_events, processes_with, step, unique_seconds
 
 pytestmark = pytest.mark.anyio
 
@@ -178,7 +176,7 @@ async def test_an_executor_that_cannot_start_ends_with_executor_error(tmp_path: 
 
 
 async def test_events_are_bound_to_scenario_and_step() -> None:
-    with capture_logs(processors=[merge_contextvars]) as events:
+    with captured_events() as events:
         await run_scenario(demo_scenario(), agent=demo_agent())
     verdicts = [e for e in events if e["event"] == Events.GATE_VERDICT]
     assert [e["step"] for e in verdicts] == list(range(1, 9))

@@ -17,6 +17,7 @@ import httpx
 
 from .._chat import ChatEndpoint, completion_content
 from .._closing import Closing
+from .._errors import CmbsError
 from ..profile import Profile, load_profile
 from ..protocol import Turn
 from .base import AgentMessage
@@ -56,7 +57,7 @@ _PAYLOADS = {
 }
 
 
-class ModelEndpointError(RuntimeError):
+class ModelEndpointError(CmbsError, RuntimeError):
     """The model endpoint was unreachable, or refused the request; the message says which.
 
     Raised by :meth:`OpenAIAgent.next_step`: under ``run_scenario`` the run ends

@@ -17,6 +17,7 @@ import anyio
 from anyio.abc import Process
 
 from .._closing import Closing
+from .._errors import CmbsError
 from ..protocol import Turn
 from .base import AgentMessage
 
@@ -38,7 +39,7 @@ _BWRAP = (
 _bwrap_works: dict[str, bool] = {}
 
 
-class AgentProcessError(RuntimeError):
+class AgentProcessError(CmbsError, RuntimeError):
     """The agent program crashed, hung or closed its output; the message says which."""
 
 

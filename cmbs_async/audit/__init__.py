@@ -1,8 +1,7 @@
 """The tamper-evident audit trail: signed, hash-chained records in SQLite, and replay."""
 
 from .replay import ReplayReport, replay
-from .signing import KeyError_ as SigningKeyError
-from .signing import default_data_dir, load_or_create_key, public_key_text
+from .signing import SigningKeyError, default_data_dir, load_or_create_key, public_key_text
 from .sqlite import AuditError, SQLiteAuditStore, VerifyReport
 from .store import AuditRecord, AuditStore, StepHistory
 from .writer import AuditWriter, open_audit_writer

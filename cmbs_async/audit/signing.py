@@ -14,8 +14,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from .._errors import CmbsError
+
 __all__ = [
-    "KeyError_",
+    "SigningKeyError",
     "canonical",
     "default_data_dir",
     "digest",
@@ -26,7 +28,7 @@ __all__ = [
 ]
 
 
-class KeyError_(ValueError):  # noqa: N801 - KeyError is a builtin with another meaning
+class SigningKeyError(CmbsError, ValueError):
     """A signing key that cannot be used; the message is one line."""
 
 
@@ -67,13 +69,13 @@ def load_or_create_key(path: str | Path) -> Ed25519PrivateKey:
         return key
     mode = stat.S_IMODE(path.stat().st_mode)
     if mode & 0o077:
-        raise KeyError_(f"signing key {path} has mode {mode:04o}; it must be 0600")
+        raise SigningKeyError(f"signing key {path} has mode {mode:04o}; it must be 0600")
     try:
         loaded = serialization.load_pem_private_key(path.read_bytes(), password=None)
     except (ValueError, TypeError, OSError) as exc:
-        raise KeyError_(f"signing key {path} cannot be read as a PEM private key") from exc
+        raise SigningKeyError(f"signing key {path} cannot be read as a PEM private key") from exc
     if not isinstance(loaded, Ed25519PrivateKey):
-        raise KeyError_(f"signing key {path} is not an Ed25519 key")
+        raise SigningKeyError(f"signing key {path} is not an Ed25519 key")
     return loaded
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from .._errors import CmbsError
 from .signing import canonical, digest, load_public_key, public_key_text, verify_signature
 from .store import AuditRecord, Entry, StepHistory
 
@@ -50,7 +51,7 @@ CREATE TABLE IF NOT EXISTS records (
 """
 
 
-class AuditError(RuntimeError):
+class AuditError(CmbsError, RuntimeError):
     """The audit store cannot be opened or written; the message is one line."""
 
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._errors import CmbsError
 from ..scenario import ScenarioSpec, load_scenario
 
 __all__ = ["BatchError", "Job", "expand_scenarios", "plan"]
@@ -14,7 +15,7 @@ __all__ = ["BatchError", "Job", "expand_scenarios", "plan"]
 _SUFFIXES = (".yaml", ".yml", ".json")
 
 
-class BatchError(ValueError):
+class BatchError(CmbsError, ValueError):
     """A batch that cannot be planned or run; the message is one line."""
 
 

@@ -7,9 +7,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .._errors import CmbsError
 from .._text import escape_controls, table
-from ..audit import AuditError, SQLiteAuditStore, load_or_create_key, public_key_text, replay
-from ..audit.signing import KeyError_
+from ..audit import (
+    AuditError,
+    SigningKeyError,
+    SQLiteAuditStore,
+    load_or_create_key,
+    public_key_text,
+    replay,
+)
 
 __all__ = ["add_audit_commands", "run_audit_command"]
 
@@ -17,7 +24,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 
 
-class AuditUsageError(Exception):
+class AuditUsageError(CmbsError):
     """A mistake of the user's with the audit commands (one line, exit 2)."""
 
 
@@ -88,7 +95,7 @@ def _verify(store: SQLiteAuditStore, args: argparse.Namespace) -> int:
     if args.signing_key:
         try:
             trusted = public_key_text(load_or_create_key(args.signing_key))
-        except KeyError_ as exc:
+        except SigningKeyError as exc:
             raise AuditUsageError(str(exc)) from exc
     report = store.verify(trusted_key=trusted)
     for problem in report.problems:

@@ -19,23 +19,21 @@ import anyio
 
 from executors import Executor
 
+from .._errors import CmbsError
 from ..agents import Agent
-from ..audit import AuditError, SQLiteAuditStore, default_data_dir, load_or_create_key
-from ..audit.signing import KeyError_ as SigningKeyError
-from ..batch import BatchError
+from ..audit import SQLiteAuditStore, default_data_dir, load_or_create_key
 from ..demo import demo_agent, demo_scenario
-from ..profile import ProfileError, builtin_profiles, load_profile
+from ..profile import builtin_profiles, load_profile
 from ..result import ScenarioResult
-from ..review import ConfigError, ConsoleHuman, OpenAIReviewer, Review, load_config
+from ..review import ConsoleHuman, OpenAIReviewer, Review, load_config
 from ..runtime import run_scenario
-from ..scenario import ScenarioError, ScenarioSpec, load_scenario
-from .audit import AuditUsageError, add_audit_commands, run_audit_command
+from ..scenario import ScenarioSpec, load_scenario
+from .audit import add_audit_commands, run_audit_command
 from .batch import add_batch_command, run_batch_command
-from .logs import LEVELS, configure_logging
+from .logs import LEVELS, logging_to_stderr
 from .render import render_result
 from .signals import Interrupted, cancel_on_signals
 from .specs import (
-    SpecError,
     add_sandbox_option,
     agent_from_spec,
     executor_from_spec,
@@ -55,7 +53,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
-class UsageError(Exception):
+class UsageError(CmbsError):
     """A mistake of the user's: reported on one line, exit status 2."""
 
 
@@ -147,29 +145,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command in ("audit", "replay"):
             return run_audit_command(args)
-        configure_logging(args.log_level, args.log_format)
-        if args.command == "batch":
-            return run_batch_command(args)
-        spec, agent, executor, options = _prepare(args)
-        store = _audit_store(args)
-        try:
-            result = anyio.run(
-                _run, spec, agent, executor, options | {"audit": store}, backend=args.backend
-            )
-        finally:
-            if store is not None:
-                store.close()
-    except (
-        UsageError,
-        SpecError,
-        ScenarioError,
-        ProfileError,
-        ConfigError,
-        AuditError,
-        AuditUsageError,
-        SigningKeyError,
-        BatchError,
-    ) as exc:
+        with logging_to_stderr(args.log_level, args.log_format):
+            if args.command == "batch":
+                return run_batch_command(args)
+            spec, agent, executor, options = _prepare(args)
+            store = _audit_store(args)
+            try:
+                result = anyio.run(
+                    _run, spec, agent, executor, options | {"audit": store}, backend=args.backend
+                )
+            finally:
+                if store is not None:
+                    store.close()
+    except CmbsError as exc:  # a usage error, an invalid file, a key or database refused
         print(f"cmbs {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (KeyboardInterrupt, Interrupted) as exc:  # Ctrl-C before the run, a signal in it

@@ -12,6 +12,7 @@ from executors import Executor, LocalExecutor
 from executors.sandbox import INSTALL_HINT, SandboxMode, SandboxUnavailable
 from executors.ssh import SSHExecutor, SSHTarget
 
+from .._errors import CmbsError
 from ..agents import Agent, OpenAIAgent, ScriptedAgent, StdioAgent
 from ..profile import Profile
 
@@ -25,7 +26,7 @@ __all__ = [
 ]
 
 
-class SpecError(ValueError):
+class SpecError(CmbsError, ValueError):
     """A spec the command line cannot use; the message is one line for the user."""
 
 

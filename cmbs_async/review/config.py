@@ -8,12 +8,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .._errors import validation_reason
+from .._errors import CmbsError, validation_reason
 
 __all__ = ["ConfigError", "SupervisionConfig", "load_config"]
 
 
-class ConfigError(ValueError):
+class ConfigError(CmbsError, ValueError):
     """A configuration file could not be read or is not valid; the message is one line."""
 
 

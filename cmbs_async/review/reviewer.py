@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .._chat import ChatEndpoint, completion_content
 from .._closing import Closing
+from .._errors import CmbsError
 from .config import SupervisionConfig
 from .reconcile import Flag
 
@@ -56,7 +57,7 @@ class ReviewVerdict(BaseModel):
     correction: str = ""
 
 
-class ReviewerError(Exception):
+class ReviewerError(CmbsError):
     """The reviewer gave no usable verdict (transport failure, unparseable answer)."""
 
 

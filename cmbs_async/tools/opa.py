@@ -21,13 +21,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["evaluate", "main"]
+from .._errors import CmbsError
+
+__all__ = ["RegoFailure", "evaluate", "main"]
 
 _REF = re.compile(r"^data(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 _UNDEFINED = object()
 
 
-class RegoFailure(Exception):
+class RegoFailure(CmbsError):
     """The policy or the query could not be evaluated."""
 
 
