@@ -130,22 +130,30 @@ class _Run:
 
 
 class _Workdir:
-    """The run's workdir: prepared on entry; on exit cleaned up (shielded, bounded) and
-    removed if the run made it (the spec names none) and was not told to keep it."""
+    """The run's workdir: prepared on entry (``None`` if the executor cannot make one, and
+    :attr:`refused` says why); on exit cleaned up (shielded, bounded) and removed if the
+    run made it (the spec names none) and was not told to keep it."""
 
     def __init__(self, executor: Executor, spec: ScenarioSpec, *, keep: bool) -> None:
         self._executor = executor
         self._spec = spec
         self._remove = spec.workdir is None and not keep
-        #: where the workdir is: ``None`` before it is prepared and once it is removed
+        #: where the workdir is: ``None`` unless prepared, and once removed
         self.path: str | None = None
+        self.refused: str | None = None
 
-    async def __aenter__(self) -> str:
-        self.path = await self._executor.prepare(self._spec.workdir, self._spec.rendered_files())
+    async def __aenter__(self) -> str | None:
+        try:
+            self.path = await self._executor.prepare(
+                self._spec.workdir, self._spec.rendered_files()
+            )
+        except ExecutorError as exc:
+            self.refused = str(exc)
         return self.path
 
     async def __aexit__(self, *exc_info: object) -> None:
-        assert self.path is not None
+        if self.path is None:
+            return
         with anyio.move_on_after(_CLEANUP_TIMEOUT, shield=True):
             await self._executor.cleanup(self.path, remove=self._remove)
         if self._remove:
@@ -243,11 +251,11 @@ async def _act(run: _Run, agent: Agent, options: _Options, ends_at: float) -> Ba
     budget = options.budget
     try:
         with anyio.CancelScope(deadline=ends_at) as scope:
-            try:
-                async with workdir as path:
+            async with workdir as path:
+                if path is None:  # the executor cannot work
+                    run.finish(Outcome.EXECUTOR_ERROR, workdir.refused)
+                else:
                     await _actors(run, agent, options.executor, path)
-            except ExecutorError as exc:  # no workdir: the executor cannot work
-                run.finish(Outcome.EXECUTOR_ERROR, str(exc))
     except anyio.get_cancelled_exc_class() as exc:
         run.finish(Outcome.CANCELLED, "cancelled from outside the run")
         return exc
