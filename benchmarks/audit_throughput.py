@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cmbs_async.audit import SQLiteAuditStore, load_or_create_key
+from cmbs_async.audit import Entry, RecordKind, SQLiteAuditStore, load_or_create_key
 from cmbs_async.audit.signing import canonical
 from cmbs_async.protocol import Assessment, Commitment
 from cmbs_async.review import reconcile
@@ -54,7 +54,7 @@ def signed(path: Path, key_path: Path, n: int) -> float:
     store.open_session("s", {"scenario": {"id": "bench"}})
     start = time.perf_counter()
     for seq in range(n):
-        store.append("s", [("decision", seq, DATA)])
+        store.append("s", [Entry(RecordKind.DECISION, seq, DATA)])
     elapsed = time.perf_counter() - start
     assert store.verify().intact
     store.close()

@@ -5,69 +5,74 @@ epistemically invalid moves, run as three anyio actors under one deadline.
 
 Every error it raises on purpose derives from :class:`CmbsError`; its events go to the
 standard logger ``cmbs_async`` and are shown only as the application configures logging.
+Each name below is imported on first use, so that importing one part of the package
+(``cmbs_async.audit``, say) does not load the rest: the gate, the review layer, httpx.
 """
 
-from executors import ExecutorError
+import importlib
+import typing
 
-from ._errors import CmbsError
-from .agents import (
-    Agent,
-    AgentMessage,
-    AgentProcessError,
-    CallableAgent,
-    ModelEndpointError,
-    OpenAIAgent,
-    ScriptedAgent,
-    StdioAgent,
-)
-from .audit import (
-    AuditError,
-    AuditStore,
-    SigningKeyError,
-    SQLiteAuditStore,
-    load_or_create_key,
-    replay,
-)
-from .batch import BatchError
-from .gate import Decision, Gate, Messages, Payload, Rules
-from .masks import Masks
-from .profile import (
-    ActionSpec,
-    PostureSignal,
-    Profile,
-    ProfileError,
-    builtin_profiles,
-    load_profile,
-)
-from .protocol import (
-    Action,
-    ActionKind,
-    AgentStep,
-    ArtifactPayload,
-    Assessment,
-    Belief,
-    CommandPayload,
-    Commitment,
-    MasksView,
-    Observation,
-    Output,
-    PosturePayload,
-    Response,
-    Turn,
-    Verdict,
-)
-from .result import Outcome, ScenarioResult, TraceEntry
-from .review import (
-    CallbackHuman,
-    ConfigError,
-    ConsoleHuman,
-    OpenAIReviewer,
-    Review,
-    ReviewerError,
-    SupervisionConfig,
-)
-from .runtime import run_scenario
-from .scenario import ScenarioError, ScenarioSpec, load_scenario
+from executors import CmbsError, ExecutorError
+
+if typing.TYPE_CHECKING:
+    from .agents import (
+        Agent,
+        AgentMessage,
+        AgentProcessError,
+        CallableAgent,
+        ModelEndpointError,
+        OpenAIAgent,
+        ScriptedAgent,
+        StdioAgent,
+    )
+    from .audit import (
+        AuditError,
+        AuditStore,
+        SigningKeyError,
+        SQLiteAuditStore,
+        load_or_create_key,
+    )
+    from .batch import BatchError
+    from .gate import Decision, Gate, Messages, Payload, Rules
+    from .masks import Masks
+    from .profile import (
+        ActionSpec,
+        PostureSignal,
+        Profile,
+        ProfileError,
+        builtin_profiles,
+        load_profile,
+    )
+    from .protocol import (
+        Action,
+        ActionKind,
+        AgentStep,
+        ArtifactPayload,
+        Assessment,
+        Belief,
+        CommandPayload,
+        Commitment,
+        MasksView,
+        Observation,
+        Output,
+        PosturePayload,
+        Response,
+        Turn,
+        Verdict,
+    )
+    from .replayer import ReplayReport, replay
+    from .result import Outcome, ScenarioResult, TraceEntry
+    from .review import (
+        CallbackHuman,
+        ConfigError,
+        ConsoleHuman,
+        OpenAIReviewer,
+        Review,
+        ReviewerError,
+        SupervisionConfig,
+    )
+    from .runtime import run_scenario
+    from .scenario import ScenarioError, ScenarioSpec, load_scenario
 
 __version__ = "0.1.0"
 
@@ -105,10 +110,11 @@ __all__ = [
     "Outcome",
     "Output",
     "Payload",
-    "PostureSignal",
     "PosturePayload",
+    "PostureSignal",
     "Profile",
     "ProfileError",
+    "ReplayReport",
     "Response",
     "Review",
     "ReviewerError",
@@ -132,3 +138,96 @@ __all__ = [
     "replay",
     "run_scenario",
 ]
+
+#: the module each public name lives in
+_HOMES: dict[str, tuple[str, ...]] = {
+    "agents": (
+        "Agent",
+        "AgentMessage",
+        "AgentProcessError",
+        "CallableAgent",
+        "ModelEndpointError",
+        "OpenAIAgent",
+        "ScriptedAgent",
+        "StdioAgent",
+    ),
+    "audit": (
+        "AuditError",
+        "AuditStore",
+        "SigningKeyError",
+        "SQLiteAuditStore",
+        "load_or_create_key",
+    ),
+    "batch": ("BatchError",),
+    "gate": (
+        "Decision",
+        "Gate",
+        "Messages",
+        "Payload",
+        "Rules",
+    ),
+    "masks": ("Masks",),
+    "profile": (
+        "ActionSpec",
+        "PostureSignal",
+        "Profile",
+        "ProfileError",
+        "builtin_profiles",
+        "load_profile",
+    ),
+    "protocol": (
+        "Action",
+        "ActionKind",
+        "AgentStep",
+        "ArtifactPayload",
+        "Assessment",
+        "Belief",
+        "CommandPayload",
+        "Commitment",
+        "MasksView",
+        "Observation",
+        "Output",
+        "PosturePayload",
+        "Response",
+        "Turn",
+        "Verdict",
+    ),
+    "replayer": (
+        "ReplayReport",
+        "replay",
+    ),
+    "result": (
+        "Outcome",
+        "ScenarioResult",
+        "TraceEntry",
+    ),
+    "review": (
+        "CallbackHuman",
+        "ConfigError",
+        "ConsoleHuman",
+        "OpenAIReviewer",
+        "Review",
+        "ReviewerError",
+        "SupervisionConfig",
+    ),
+    "runtime": ("run_scenario",),
+    "scenario": (
+        "ScenarioError",
+        "ScenarioSpec",
+        "load_scenario",
+    ),
+}
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str) -> object:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

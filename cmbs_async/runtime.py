@@ -5,7 +5,12 @@ The actors are anyio tasks in one task group, joined only by memory object strea
     agent --steps--> supervisor --requests--> executor
     agent <--turns-- supervisor <--observations-- executor
                          |
-                         +--records--> audit sink (optional)
+                         +--records--> audit trail (optional)
+
+The supervisor takes each step in five phases: **record** what the agent said, let the
+review layer **review** it, let the gate **decide**, **execute** what the gate allowed,
+and **conclude** (trace it; end the run, or answer the agent). A run without a review or
+an audit store has null ones that pass steps through and record nothing.
 
 The task group sits in one cancel scope whose deadline is the scenario's budget. When
 it fires every actor is cancelled; executors kill what they started in shielded cleanup,
@@ -14,12 +19,8 @@ and the run's end is recorded after the scope, shielded and bounded.
 
 from __future__ import annotations
 
-import base64
-import json
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,11 +31,11 @@ from structlog.contextvars import bind_contextvars, bound_contextvars
 from executors import Executor, ExecutorError, LocalExecutor
 
 from ._errors import single_failure
+from ._reviewing import Reviewing, reviewing
 from ._streams import receive, send
+from ._trail import Trail, open_trail
 from .agents.base import Agent, AgentMessage
-from .audit.sqlite import AuditError
-from .audit.store import AuditStore
-from .audit.writer import AuditWriter, open_audit_writer
+from .audit.store import AuditError, AuditStore
 from .events import Events, logger
 from .gate import Decision, Gate, Rules
 from .profile import Profile, load_profile
@@ -48,7 +49,8 @@ from .protocol import (
     Verdict,
 )
 from .result import Outcome, ScenarioResult, TraceEntry
-from .review.layer import REORIENTED, Review, ReviewAction, ReviewLayer
+from .review.layer import REORIENTED, Review, ReviewAction, SupervisionRecord
+from .review.reconcile import Flag
 from .scenario import ScenarioSpec
 
 __all__ = ["run_scenario"]
@@ -56,6 +58,11 @@ __all__ = ["run_scenario"]
 _BUFFER = 1
 _CLEANUP_TIMEOUT = 5.0
 _END_GRACE = 1.0  # how long past the deadline (or a cancellation) the end record may take
+#: review rulings that end the run, and how
+_STOPS = {
+    ReviewAction.ABORT: Outcome.ABORTED_BY_HUMAN,
+    ReviewAction.PAUSED_NO_HUMAN: Outcome.PAUSED_NO_HUMAN,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +75,22 @@ class _Failed:
     reason: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Options:
+    """``run_scenario``'s arguments, defaults filled in."""
+
+    spec: ScenarioSpec
+    executor: Executor
+    profile: Profile
+    budget: float  # seconds
+    max_steps: int
+    keep_workdir: bool
+    review: Review | None
+    audit: AuditStore | None
+    session_id: str
+    rules: Rules | None
+
+
 @dataclass
 class _Run:
     """The supervisor's record of the run; read by ``run_scenario`` once the actors end."""
@@ -75,17 +98,22 @@ class _Run:
     spec: ScenarioSpec
     gate: Gate
     max_steps: int
-    review: ReviewLayer | None
-    audit: AuditWriter | None
+    review: Reviewing
+    trail: Trail
     log: Any  # the events logger, bound once per run: a proxy lookup per event adds up
     trace: list[TraceEntry] = field(default_factory=list)
     outcome: Outcome | None = None
     reason: str | None = None
     containment: str | None = None  # what contained the commands, once the workdir exists
+    workdir: str | None = None  # where the workdir is kept, once the run is over
 
     def __post_init__(self) -> None:
         self._goal = self.spec.rendered_goal()
         self._actions = tuple(self.gate.profile.actions)
+
+    @property
+    def ended(self) -> bool:
+        return self.outcome is not None
 
     def finish(self, outcome: Outcome, reason: str | None = None) -> None:
         if self.outcome is None:
@@ -100,6 +128,37 @@ class _Run:
             step=self.gate.step_count + 1,
             response=response,
         )
+
+
+class _Workdir:
+    """The run's workdir: prepared on entry (``None`` if the executor cannot make one, and
+    :attr:`refused` says why); on exit cleaned up (shielded, bounded) and removed if the
+    run made it (the spec names none) and was not told to keep it."""
+
+    def __init__(self, executor: Executor, spec: ScenarioSpec, *, keep: bool) -> None:
+        self._executor = executor
+        self._spec = spec
+        self._remove = spec.workdir is None and not keep
+        #: where the workdir is: ``None`` unless prepared, and once removed
+        self.path: str | None = None
+        self.refused: str | None = None
+
+    async def __aenter__(self) -> str | None:
+        try:
+            self.path = await self._executor.prepare(
+                self._spec.workdir, self._spec.rendered_files()
+            )
+        except ExecutorError as exc:
+            self.refused = str(exc)
+        return self.path
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self.path is None:
+            return
+        with anyio.move_on_after(_CLEANUP_TIMEOUT, shield=True):
+            await self._executor.cleanup(self.path, remove=self._remove)
+        if self._remove:
+            self.path = None
 
 
 @single_failure
@@ -138,102 +197,93 @@ async def run_scenario(
         executor = LocalExecutor()
     if not isinstance(executor, Executor):
         raise TypeError(f"{type(executor).__name__} does not implement the executor protocol")
-    profile = profile or load_profile(spec.profile)
-    session_id = session_id or uuid.uuid4().hex
-    budget = deadline if deadline is not None else spec.deadline_s
-    ends_at = started + budget
-    workdir: str | None = None
-
+    options = _Options(
+        spec=spec,
+        executor=executor,
+        profile=profile or load_profile(spec.profile),
+        budget=deadline if deadline is not None else spec.deadline_s,
+        max_steps=max_steps or spec.max_steps,
+        keep_workdir=keep_workdir,
+        review=review,
+        audit=audit,
+        session_id=session_id or uuid.uuid4().hex,
+        rules=rules,
+    )
     with bound_contextvars(scenario_id=spec.id):
-        logger.info(
-            Events.SCENARIO_STARTED, deadline_s=budget, max_steps=max_steps or spec.max_steps
+        return await _run(options, agent, started)
+
+
+async def _run(options: _Options, agent: Agent, started: float) -> ScenarioResult:
+    """The run from its start event to its end record: the actors under the deadline."""
+    spec, ends_at = options.spec, started + options.budget
+    logger.info(Events.SCENARIO_STARTED, deadline_s=options.budget, max_steps=options.max_steps)
+    gate = Gate(options.profile, rules=options.rules)
+    review = options.review
+    async with open_trail(
+        options.audit,
+        options.session_id,
+        spec=spec,
+        profile=options.profile,
+        review=review.config if review is not None else None,
+    ) as trail:
+        run = _Run(
+            spec=spec,
+            gate=gate,
+            max_steps=options.max_steps,
+            review=reviewing(review, gate, goal=spec.rendered_goal(), scenario_id=spec.id),
+            trail=trail,
+            log=logger.bind(),
         )
-        async with _auditing(audit, session_id, spec, profile, review) as writer:
-            run = _Run(
-                spec=spec,
-                gate=Gate(profile, rules=rules),
-                max_steps=max_steps or spec.max_steps,
-                review=ReviewLayer(review, goal=spec.rendered_goal(), scenario_id=spec.id)
-                if review
-                else None,
-                audit=writer,
-                log=logger.bind(),
-            )
-            stopped: BaseException | None = None
-            try:
-                with anyio.CancelScope(deadline=ends_at) as scope:
-                    try:
-                        workdir = await executor.prepare(spec.workdir, spec.rendered_files())
-                    except ExecutorError as exc:
-                        run.finish(Outcome.EXECUTOR_ERROR, str(exc))
-                    else:
-                        await _actors(run, agent, executor, workdir)
-            except anyio.get_cancelled_exc_class() as exc:
-                stopped = exc  # by a signal or the caller: end the run, then pass it on
-                run.finish(Outcome.CANCELLED, "cancelled from outside the run")
-            if scope.cancelled_caught:
-                if writer is not None and writer.stalled:
-                    run.finish(
-                        Outcome.AUDIT_ERROR,
-                        f"an audit record was not durable within the deadline of {budget:g} s",
-                    )
-                run.finish(Outcome.DEADLINE_EXCEEDED, f"deadline of {budget:g} s exceeded")
-            run.finish(Outcome.AGENT_FINISHED)
-            with anyio.CancelScope(shield=stopped is not None):
-                if workdir is not None:
-                    remove = spec.workdir is None and not keep_workdir
-                    with anyio.move_on_after(_CLEANUP_TIMEOUT, shield=True):
-                        await executor.cleanup(workdir, remove=remove)
-                    workdir = None if remove else workdir
-                result = _result(run, anyio.current_time() - started, workdir, session_id)
-                if writer is not None:
-                    grace = anyio.current_time() + _END_GRACE
-                    until = grace if stopped is not None else max(grace, ends_at)
-                    await _record_end(writer, result, until=until)
-            if stopped is not None:
-                raise stopped
-        result = result.model_copy(update={"duration_s": anyio.current_time() - started})
-        logger.info(
-            Events.SCENARIO_FINISHED,
-            outcome=result.outcome.value,
-            steps=result.steps,
-            posture=result.posture,
-            duration_s=round(result.duration_s, 4),
-            reason=result.reason,
-        )
+        stopped = await _act(run, agent, options, ends_at)
+        with anyio.CancelScope(shield=stopped is not None):
+            result = _result(run, anyio.current_time() - started, options.session_id)
+            grace = anyio.current_time() + _END_GRACE
+            await trail.end(result, until=grace if stopped is not None else max(grace, ends_at))
+        if stopped is not None:
+            raise stopped
+    result = result.model_copy(update={"duration_s": anyio.current_time() - started})
+    _log_finished(result)
     return result
 
 
-async def _record_end(writer: AuditWriter, result: ScenarioResult, *, until: float) -> None:
-    """Make the end record durable by ``until`` (shielded), or warn that there is none."""
-    reason = "not durable in time: the audit database is locked or slow"
-    with anyio.move_on_at(until, shield=True):
-        try:
-            await writer.write(("end", None, result.summary() | {"trace": None}))
-            return
-        except AuditError as exc:
-            reason = str(exc)
-    logger.warning(Events.AUDIT_END_NOT_RECORDED, reason=reason)
+async def _act(run: _Run, agent: Agent, options: _Options, ends_at: float) -> BaseException | None:
+    """Run the actors in the workdir until ``ends_at`` and settle the outcome. Returns the
+    cancellation from outside (a signal, the caller's scope) that stopped the run, if one
+    did: the run's end is recorded before it is let through."""
+    workdir = _Workdir(options.executor, options.spec, keep=options.keep_workdir)
+    budget = options.budget
+    try:
+        with anyio.CancelScope(deadline=ends_at) as scope:
+            async with workdir as path:
+                if path is None:  # the executor cannot work
+                    run.finish(Outcome.EXECUTOR_ERROR, workdir.refused)
+                else:
+                    await _actors(run, agent, options.executor, path)
+    except anyio.get_cancelled_exc_class() as exc:
+        run.finish(Outcome.CANCELLED, "cancelled from outside the run")
+        return exc
+    finally:
+        run.workdir = workdir.path
+    if scope.cancelled_caught:
+        if run.trail.stalled:
+            run.finish(
+                Outcome.AUDIT_ERROR,
+                f"an audit record was not durable within the deadline of {budget:g} s",
+            )
+        run.finish(Outcome.DEADLINE_EXCEEDED, f"deadline of {budget:g} s exceeded")
+    run.finish(Outcome.AGENT_FINISHED)
+    return None
 
 
-@asynccontextmanager
-async def _auditing(
-    store: AuditStore | None,
-    session_id: str,
-    spec: ScenarioSpec,
-    profile: Profile,
-    review: Review | None,
-) -> AsyncIterator[AuditWriter | None]:
-    if store is None:
-        yield None
-        return
-    data = {
-        "scenario": spec.model_dump(mode="json"),
-        "profile": profile.model_dump(mode="json"),
-        "review": review.config.model_dump(mode="json") if review else None,
-    }
-    async with open_audit_writer(store, session_id, data) as writer:
-        yield writer
+def _log_finished(result: ScenarioResult) -> None:
+    logger.info(
+        Events.SCENARIO_FINISHED,
+        outcome=result.outcome.value,
+        steps=result.steps,
+        posture=result.posture,
+        duration_s=round(result.duration_s, 4),
+        reason=result.reason,
+    )
 
 
 async def _actors(run: _Run, agent: Agent, executor: Executor, workdir: str) -> None:
@@ -319,6 +369,21 @@ async def _executor_actor(
             await send(replies, observation.model_copy(update={"action": decision.action_type}))
 
 
+@dataclass(frozen=True, slots=True)
+class _ExecutorLink:
+    """The supervisor's end of the executor actor's streams."""
+
+    requests: MemoryObjectSendStream[Decision]
+    replies: MemoryObjectReceiveStream[Observation | _Failed]
+
+    async def run(self, decision: Decision) -> Observation | _Failed:
+        await send(self.requests, decision)
+        try:
+            return await receive(self.replies)
+        except anyio.EndOfStream:
+            return _Failed("the executor stopped")
+
+
 async def _supervisor_actor(
     run: _Run,
     steps: MemoryObjectReceiveStream[_Said | _Failed],
@@ -327,9 +392,11 @@ async def _supervisor_actor(
     replies: MemoryObjectReceiveStream[Observation | _Failed],
 ) -> None:
     async with steps, turns, requests, replies:
-        run.log.debug(Events.TURN_SENT, step=1)
-        await send(turns, run.turn(None))
+        executor = _ExecutorLink(requests, replies)
+        response: Response | None = None
         while True:
+            run.log.debug(Events.TURN_SENT, step=run.gate.step_count + 1)
+            await send(turns, run.turn(response))
             try:
                 said = await receive(steps)
             except anyio.EndOfStream:
@@ -339,76 +406,64 @@ async def _supervisor_actor(
                 return
             bind_contextvars(step=run.gate.step_count + 1)  # this task's context only
             try:
-                response = await _supervise(run, said.message, requests, replies)
+                response = await _step(run, said.message, executor)
             except AuditError as exc:
                 run.finish(Outcome.AUDIT_ERROR, str(exc))
                 return
             if response is None:
                 return
-            run.log.debug(Events.TURN_SENT, step=run.gate.step_count + 1)
-            await send(turns, run.turn(response))
 
 
-async def _supervise(
-    run: _Run,
-    message: AgentMessage,
-    requests: MemoryObjectSendStream[Decision],
-    replies: MemoryObjectReceiveStream[Observation | _Failed],
-) -> Response | None:
-    """One step: record it, review it, let the gate decide, execute, observe.
+async def _step(run: _Run, message: AgentMessage, executor: _ExecutorLink) -> Response | None:
+    """One step: record, review, decide, execute, conclude.
 
     Returns the response for the agent, or ``None`` once the run has ended.
     """
-    gate, review, audit = run.gate, run.review, run.audit
-    number = gate.step_count + 1
+    number = run.gate.step_count + 1
     run.log.debug(Events.STEP_RECEIVED)
-    parsed = gate.parse(message) if review is not None else None
-    flags = review.state.flags(parsed) if review is not None and parsed is not None else ()
-    if audit is not None:
-        step_data = _raw_record(message)
-        if flags:
-            step_data["flags"] = [flag.model_dump(mode="json") for flag in flags]
-        await audit.write(("step", number, step_data))
+    parsed, flags = run.review.screen(message)
+    await run.trail.step(number, message, flags)
+    supervision = await _review(run, number, parsed, flags)
+    if run.ended:
+        return None
+    decision = await _decide(run, parsed if parsed is not None else message, supervision)
+    observed = await _execute(run, decision, executor)
+    if run.ended:
+        return None
+    return _conclude(run, decision, observed, supervision)
 
-    correction: str | None = None
-    decision: Decision | None = None
-    if review is not None and parsed is not None:
-        supervision = await review.assess(number, parsed, flags)
-        if supervision is not None:
-            if audit is not None:
-                await audit.write(("supervision", number, supervision.model_dump(mode="json")))
-            run.log.info(
-                Events.REVIEW_VERDICT,
-                verdict=supervision.verdict.value,
-                action=supervision.action.value,
-                fail_closed=supervision.fail_closed,
-                flags=[flag.trigger for flag in flags],
-            )
-            if supervision.action is ReviewAction.ABORT:
-                run.finish(Outcome.ABORTED_BY_HUMAN, supervision.reasoning)
-                return None
-            if supervision.action is ReviewAction.PAUSED_NO_HUMAN:
-                run.finish(Outcome.PAUSED_NO_HUMAN, supervision.reasoning)
-                return None
-            if supervision.action is ReviewAction.REORIENT:
-                decision = gate.withhold(REORIENTED)
-                correction = supervision.correction
-    if decision is None:
-        decision = gate.decide(parsed if parsed is not None else message)
 
-    if audit is not None:
-        await audit.write(
-            (
-                "decision",
-                number,
-                {
-                    "action": decision.action_type,
-                    "verdict": decision.verdict.value,
-                    "message": decision.message,
-                    "detail": decision.detail,
-                },
-            )
-        )
+async def _review(
+    run: _Run, number: int, parsed: AgentStep | None, flags: tuple[Flag, ...]
+) -> SupervisionRecord | None:
+    """The review layer's ruling on the step, recorded, if it made one. An abort, or a
+    pause with no human to ask, ends the run."""
+    supervision = await run.review.assess(number, parsed, flags)
+    if supervision is None:
+        return None
+    await run.trail.supervision(number, supervision)
+    run.log.info(
+        Events.REVIEW_VERDICT,
+        verdict=supervision.verdict.value,
+        action=supervision.action.value,
+        fail_closed=supervision.fail_closed,
+        flags=[flag.trigger for flag in flags],
+    )
+    stop = _STOPS.get(supervision.action)
+    if stop is not None:
+        run.finish(stop, supervision.reasoning)
+    return supervision
+
+
+async def _decide(
+    run: _Run, message: AgentMessage, supervision: SupervisionRecord | None
+) -> Decision:
+    """The gate's verdict on the step (withheld, if the review sent it back), recorded."""
+    if supervision is not None and supervision.action is ReviewAction.REORIENT:
+        decision = run.gate.withhold(REORIENTED)
+    else:
+        decision = run.gate.decide(message)
+    await run.trail.decision(decision)
     run.log.info(
         Events.GATE_VERDICT,
         action=decision.action_type,
@@ -416,46 +471,16 @@ async def _supervise(
         reason=decision.message,  # not "message": a log record has a message of its own
         detail=decision.detail,
     )
-    observed = None
-    if decision.needs_execution:
-        observed = await _execute(run, decision, requests, replies)
-        if observed is None:
-            return None
-        if review is not None and decision.step is not None:
-            review.state.note_executed(number, decision.step, observed)
-    run.trace.append(
-        TraceEntry(
-            step=number,
-            action=decision.action_type,
-            verdict=decision.verdict,
-            message=decision.message,
-            observed=observed.summary() if observed else decision.detail,
-        )
-    )
-    if decision.verdict is Verdict.TERMINATE:
-        run.finish(Outcome.TERMINATED)
-        return None
-    if gate.step_count >= run.max_steps:
-        run.finish(Outcome.STEP_BUDGET_EXHAUSTED, f"step budget of {run.max_steps} used up")
-        return None
-    response = gate.response(decision)
-    if correction is not None:
-        response = response.model_copy(update={"correction": correction})
-    return response
+    return decision
 
 
-async def _execute(
-    run: _Run,
-    decision: Decision,
-    requests: MemoryObjectSendStream[Decision],
-    replies: MemoryObjectReceiveStream[Observation | _Failed],
-) -> Observation | None:
+async def _execute(run: _Run, decision: Decision, executor: _ExecutorLink) -> Observation | None:
+    """What running an allowed action observed, recorded and applied to the masks; ``None``
+    if nothing ran. An executor that cannot work ends the run."""
+    if not decision.needs_execution:
+        return None
     run.log.debug(Events.EXEC_REQUESTED, action=decision.action_type)
-    await send(requests, decision)
-    try:
-        reply = await receive(replies)
-    except anyio.EndOfStream:
-        reply = _Failed("the executor stopped")
+    reply = await executor.run(decision)
     if isinstance(reply, _Failed):
         run.finish(Outcome.EXECUTOR_ERROR, reply.reason)
         return None
@@ -467,32 +492,42 @@ async def _execute(
         error=reply.error,
         duration_s=round(reply.duration_s, 4),
     )
-    if run.audit is not None:
-        await run.audit.write(("observation", decision.step_number, reply.model_dump(mode="json")))
+    await run.trail.observation(decision.step_number, reply)
     run.gate.observe(reply)
+    run.review.executed(decision, reply)
     return reply
 
 
-def _raw_record(message: AgentMessage) -> dict[str, Any]:
-    """The agent's message as it arrived, in a form replay can feed to the gate again."""
-    if isinstance(message, str):
-        return {"raw": message}
-    if isinstance(message, bytes | bytearray):
-        try:
-            return {"raw": bytes(message).decode("utf-8")}
-        except UnicodeDecodeError:
-            return {"raw_b64": base64.b64encode(bytes(message)).decode()}
-    if isinstance(message, AgentStep):
-        return {"raw": message.model_dump_json()}
-    if isinstance(message, Mapping):
-        try:
-            return {"raw": json.dumps(dict(message), sort_keys=True)}
-        except (TypeError, ValueError):
-            return {"raw": repr(message), "unserialisable": True}
-    return {"raw": repr(message), "unserialisable": True}
+def _conclude(
+    run: _Run,
+    decision: Decision,
+    observed: Observation | None,
+    supervision: SupervisionRecord | None,
+) -> Response | None:
+    """Trace the step, then end the run (terminated, or its step budget used up) or
+    answer the agent, with the review's correction if it sent the step back."""
+    run.trace.append(
+        TraceEntry(
+            step=decision.step_number,
+            action=decision.action_type,
+            verdict=decision.verdict,
+            message=decision.message,
+            observed=observed.summary() if observed else decision.detail,
+        )
+    )
+    if decision.verdict is Verdict.TERMINATE:
+        run.finish(Outcome.TERMINATED)
+        return None
+    if run.gate.step_count >= run.max_steps:
+        run.finish(Outcome.STEP_BUDGET_EXHAUSTED, f"step budget of {run.max_steps} used up")
+        return None
+    response = run.gate.response(decision)
+    if supervision is not None and supervision.action is ReviewAction.REORIENT:
+        response = response.model_copy(update={"correction": supervision.correction})
+    return response
 
 
-def _result(run: _Run, duration: float, workdir: str | None, session_id: str) -> ScenarioResult:
+def _result(run: _Run, duration: float, session_id: str) -> ScenarioResult:
     counts = Counter(entry.verdict for entry in run.trace)
     assert run.outcome is not None
     return ScenarioResult(
@@ -505,7 +540,7 @@ def _result(run: _Run, duration: float, workdir: str | None, session_id: str) ->
         trace=run.trace,
         reason=run.reason,
         masks=run.gate.masks_view,
-        workdir=workdir,
+        workdir=run.workdir,
         session_id=session_id,
         sandbox=run.containment,
     )

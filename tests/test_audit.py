@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from cmbs_async import Outcome, run_scenario
-from cmbs_async.audit import SigningKeyError, SQLiteAuditStore, load_or_create_key, replay
+from cmbs_async import Outcome, replay, run_scenario
+from cmbs_async.audit import RecordKind, SigningKeyError, SQLiteAuditStore, load_or_create_key
 from cmbs_async.demo import demo_agent, demo_scenario
 from cmbs_async.review import Review, ReviewVerdict, SupervisionConfig, Verdict3
 from executors import NullExecutor
@@ -94,6 +94,25 @@ def test_checkpoint_store_interface(store: SQLiteAuditStore) -> None:
     assert [r.kind for r in history.records] == ["pre", "post", "supervision"]
     assert store.sessions()[0]["session_id"] == "s1"
     assert store.verify().intact
+
+
+def test_a_trail_written_before_the_typed_schema_verifies_and_replays(tmp_path: Path) -> None:
+    db = tmp_path / "audit.db"
+    shutil.copy(Path(__file__).parent / "data" / "audit_trail_v0.db", db)
+    old = SQLiteAuditStore(db)
+    try:
+        assert old.verify().intact
+        for session, decisions in (("demo", 8), ("reviewed", 4)):
+            report = replay(old, session)
+            assert report.identical and report.decisions == decisions
+        history = old.step_history("checkpoints", 1)
+        assert [r.kind for r in history.records] == [
+            RecordKind.PRE,
+            RecordKind.POST,
+            RecordKind.SUPERVISION,
+        ]
+    finally:
+        old.close()
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +196,19 @@ def test_tampering_is_found(tmp_path: Path, recorded_demo: Path, how: str, found
     checked = cmbs("audit", "verify", str(db))
     assert checked.returncode == 1, checked.stdout
     assert found in checked.stdout and "TAMPERED" in checked.stdout
+
+
+def test_a_record_of_no_known_kind_is_refused_in_one_line(
+    tmp_path: Path, recorded_demo: Path
+) -> None:
+    db = tmp_path / "audit.db"
+    for written in recorded_demo.parent.glob("audit.db*"):
+        shutil.copy(written, tmp_path / written.name)
+    _tamper(db, """UPDATE records SET body = replace(body, '"kind":"step"', '"kind":"note"')""")
+    shown = cmbs("audit", "show", str(db))
+    assert shown.returncode == 2 and "Traceback" not in shown.stderr
+    assert shown.stderr.strip().endswith("is not an audit record; `cmbs audit verify` says which")
+    assert "TAMPERED" in cmbs("audit", "verify", str(db)).stdout
 
 
 def test_a_run_killed_mid_way_loses_no_decision(tmp_path: Path) -> None:

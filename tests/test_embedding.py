@@ -353,7 +353,7 @@ async def test_pytests_caplog_sees_the_events_and_where_they_were_logged(
         result.outcome.value,
         result.steps,
     )
-    assert (finished.filename, finished.funcName) == ("runtime.py", "run_scenario")
+    assert (finished.filename, finished.funcName) == ("runtime.py", "_log_finished")
     assert finished.scenario_id == "embedded"
 
 

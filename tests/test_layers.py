@@ -1,5 +1,6 @@
-"""Imports go one way: ``cmbs_async`` builds on ``executors``, never the reverse, and no
-module of the package hides an import inside a function."""
+"""Imports go one way: ``cmbs_async`` builds on ``executors``, never the reverse; the audit
+trail is storage that knows nothing of the gate or the review layer; and no module of the
+package hides an import inside a function."""
 
 from __future__ import annotations
 
@@ -15,6 +16,18 @@ def test_executors_stand_on_their_own() -> None:
     probe = (
         "import sys, executors, executors.ssh, executors.sandbox, executors.workdir;"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'cmbs_async'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_audit_trail_loads_without_the_gate_the_review_layer_or_httpx() -> None:
+    probe = (
+        "import sys, cmbs_async.audit;"
+        "print(sorted(m for m in sys.modules if m == 'httpx'"
+        " or m.startswith(('cmbs_async.gate', 'cmbs_async.review'))))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cmbs_async import Outcome, run_scenario
-from cmbs_async.audit import SQLiteAuditStore, load_or_create_key, replay
+from cmbs_async import Outcome, replay, run_scenario
+from cmbs_async.audit import SQLiteAuditStore, load_or_create_key
 from cmbs_async.demo import demo_scenario
 from cmbs_async.review import (
     OpenAIReviewer,

@@ -1,9 +1,12 @@
-"""The tamper-evident audit trail: signed, hash-chained records in SQLite, and replay."""
+"""The tamper-evident audit trail: signed, hash-chained records in SQLite.
 
-from .replay import ReplayReport, replay
+Storage only: it knows records, not the gate or the review layer that fill them
+(:mod:`cmbs_async.records` builds a run's records; :func:`cmbs_async.replay` reads them).
+"""
+
 from .signing import SigningKeyError, default_data_dir, load_or_create_key, public_key_text
-from .sqlite import AuditError, SQLiteAuditStore, VerifyReport
-from .store import AuditRecord, AuditStore, StepHistory
+from .sqlite import SQLiteAuditStore, VerifyReport
+from .store import AuditError, AuditRecord, AuditStore, Entry, RecordKind, StepHistory
 from .writer import AuditWriter, open_audit_writer
 
 __all__ = [
@@ -11,7 +14,8 @@ __all__ = [
     "AuditRecord",
     "AuditStore",
     "AuditWriter",
-    "ReplayReport",
+    "Entry",
+    "RecordKind",
     "SQLiteAuditStore",
     "SigningKeyError",
     "StepHistory",
@@ -20,5 +24,4 @@ __all__ = [
     "load_or_create_key",
     "open_audit_writer",
     "public_key_text",
-    "replay",
 ]

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from pydantic import ValidationError
 
-from .._errors import CmbsError
 from .signing import canonical, digest, load_public_key, public_key_text, verify_signature
-from .store import AuditRecord, Entry, StepHistory
+from .store import AuditError, AuditRecord, Entry, RecordKind, StepHistory
 
-__all__ = ["AuditError", "SQLiteAuditStore", "VerifyReport"]
+__all__ = ["SQLiteAuditStore", "VerifyReport"]
 
 _GENESIS = "0" * 64
 #: seconds a write waits for another connection's lock (its transactions take milliseconds)
@@ -51,10 +51,6 @@ CREATE TABLE IF NOT EXISTS records (
 """
 
 
-class AuditError(CmbsError, RuntimeError):
-    """The audit store cannot be opened or written; the message is one line."""
-
-
 @dataclass(frozen=True)
 class VerifyReport:
     """What ``verify`` found: no problems means intact."""
@@ -69,7 +65,8 @@ class VerifyReport:
 
 
 class SQLiteAuditStore:
-    """Thread-safe; writing needs ``key`` (reading and verifying do not).
+    """An :class:`AuditStore`, plus the seed's checkpoint interface, listing, export and
+    verification. Thread-safe; writing needs ``key`` (reading and verifying do not).
 
     A write waits at most ``busy_timeout`` seconds for another connection's lock, then
     fails; the runtime stops waiting for a write at the run's deadline in any case.
@@ -113,7 +110,7 @@ class SQLiteAuditStore:
             )
             self._heads[session_id] = (-1, _GENESIS)
             self._append_locked(
-                session_id, [("session", None, {**data, "public_key": self._public})]
+                session_id, [Entry(RecordKind.SESSION, None, {**data, "public_key": self._public})]
             )
 
     def append(self, session_id: str, entries: Sequence[Entry]) -> None:
@@ -121,26 +118,28 @@ class SQLiteAuditStore:
         with self._lock, self._transaction():
             self._append_locked(session_id, entries)
 
+    # -- the seed's checkpoint interface (beyond the AuditStore protocol) -----------
     def save_pre(self, session_id: str, step: int, commitment: dict[str, Any]) -> None:
-        self.append(session_id, [("pre", step, commitment)])
+        self.append(session_id, [Entry(RecordKind.PRE, step, commitment)])
 
     def save_post(self, session_id: str, step: int, assessment: dict[str, Any]) -> None:
-        self.append(session_id, [("post", step, assessment)])
+        self.append(session_id, [Entry(RecordKind.POST, step, assessment)])
 
     def save_supervision(self, session_id: str, step: int, record: dict[str, Any]) -> None:
-        self.append(session_id, [("supervision", step, record)])
+        self.append(session_id, [Entry(RecordKind.SUPERVISION, step, record)])
 
     def _append_locked(self, session_id: str, entries: Sequence[Entry]) -> None:
         if self._key is None:
             raise AuditError("this audit store was opened without a signing key")
         seq, previous = self._head(session_id)
         for kind, step, data in entries:
+            name = RecordKind(kind).value  # refuses a kind the schema does not know
             seq += 1
             body = canonical(
                 {
                     "session_id": session_id,
                     "seq": seq,
-                    "kind": kind,
+                    "kind": name,
                     "step": step,
                     "ts": round(time.time(), 6),
                     "prev": previous,
@@ -151,7 +150,7 @@ class SQLiteAuditStore:
             signature = _sign(self._key, body)
             self._db.execute(
                 "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (session_id, seq, kind, step, body.decode(), previous, signature),
+                (session_id, seq, name, step, body.decode(), previous, signature),
             )
         head = _sign(self._key, _head_bytes(session_id, seq, previous))
         self._db.execute(
@@ -181,7 +180,7 @@ class SQLiteAuditStore:
         for (session_id,) in self._query("SELECT session_id FROM sessions ORDER BY rowid"):
             records = list(self.records(session_id))
             first = records[0].data if records else {}
-            end = next((r for r in reversed(records) if r.kind == "end"), None)
+            end = next((r for r in reversed(records) if r.kind is RecordKind.END), None)
             result.append(
                 {
                     "session_id": session_id,
@@ -202,7 +201,13 @@ class SQLiteAuditStore:
                 "SELECT body FROM records WHERE session_id = ? ORDER BY seq", (session_id,)
             )
         for (body,) in rows:
-            yield AuditRecord.model_validate(json.loads(body))
+            try:
+                yield AuditRecord.model_validate_json(body)
+            except ValidationError as exc:
+                raise AuditError(
+                    f"cannot read audit database {self.path}: a record there is not an audit "
+                    "record; `cmbs audit verify` says which"
+                ) from exc
 
     def raw_rows(self) -> list[tuple[Any, ...]]:
         """Every stored row as it is, for export."""

@@ -19,8 +19,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .sqlite import AuditError
-from .store import AuditStore, Entry
+from .store import AuditError, AuditStore, Entry
 
 __all__ = ["AuditWriter", "open_audit_writer"]
 

@@ -11,12 +11,13 @@ from .._errors import CmbsError
 from .._text import escape_controls, table
 from ..audit import (
     AuditError,
+    RecordKind,
     SigningKeyError,
     SQLiteAuditStore,
     load_or_create_key,
     public_key_text,
-    replay,
 )
+from ..replayer import replay
 
 __all__ = ["add_audit_commands", "run_audit_command"]
 
@@ -123,9 +124,9 @@ def _show(store: SQLiteAuditStore, prefix: str | None) -> int:
     rows = [("step", "action", "verdict", "message", "review", "observed")]
     end = None
     for history in store.session_history(session_id):
-        decision = next(iter(history.of_kind("decision")), None)
-        review = next(iter(history.of_kind("supervision")), None)
-        observed = next(iter(history.of_kind("observation")), None)
+        decision = next(iter(history.of_kind(RecordKind.DECISION)), None)
+        review = next(iter(history.of_kind(RecordKind.SUPERVISION)), None)
+        observed = next(iter(history.of_kind(RecordKind.OBSERVATION)), None)
         rows.append(
             (
                 str(history.step),
@@ -137,7 +138,7 @@ def _show(store: SQLiteAuditStore, prefix: str | None) -> int:
             )
         )
     for record in store.records(session_id):
-        if record.kind == "end":
+        if record.kind is RecordKind.END:
             end = record.data
     print("\n".join(table(rows)))
     print(f"\nsession  {escape_controls(session_id)}")

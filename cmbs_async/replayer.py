@@ -1,0 +1,94 @@
+"""Replay: run the gate and the reconciler again over a recorded session (no agent, no
+executor, no model) and check that every verdict comes out the same."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .audit.store import AuditError, AuditRecord, AuditStore, RecordKind
+from .gate import Decision, Gate
+from .profile import Profile
+from .protocol import Observation
+from .records import decision_record, flag_data, recorded_message
+from .review.layer import REORIENTED, ReviewAction, ReviewState
+
+__all__ = ["ReplayReport", "replay"]
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    session_id: str
+    decisions: int
+    reconciles: int
+    mismatches: tuple[str, ...]
+
+    @property
+    def identical(self) -> bool:
+        return not self.mismatches
+
+
+def replay(store: AuditStore, session_id: str) -> ReplayReport:
+    """Re-derive every recorded decision and reconcile result of ``session_id``."""
+    records = iter(store.records(session_id))
+    first = next(records, None)
+    if first is None or first.kind is not RecordKind.SESSION:
+        raise AuditError(f"no session {session_id} in the audit store")
+    replayer = _Replayer(
+        Gate(Profile.model_validate(first.data["profile"])),
+        reviewing=first.data.get("review") is not None,
+    )
+    for record in records:
+        replayer.feed(record)
+    return ReplayReport(
+        session_id, replayer.decisions, replayer.reconciles, tuple(replayer.mismatches)
+    )
+
+
+@dataclass
+class _Replayer:
+    """The supervisor's side of a run, driven by its records instead of its actors."""
+
+    gate: Gate
+    reviewing: bool
+    state: ReviewState = field(default_factory=ReviewState)
+    decisions: int = 0
+    reconciles: int = 0
+    mismatches: list[str] = field(default_factory=list)
+    raw: str | bytes = ""
+    reoriented: bool = False
+    last: Decision | None = None
+
+    def feed(self, record: AuditRecord) -> None:
+        data, step = record.data, record.step
+        if record.kind is RecordKind.STEP:
+            self.raw, self.reoriented = recorded_message(data), False
+            if self.reviewing:
+                self._reconcile(step, data.get("flags", []))
+        elif record.kind is RecordKind.SUPERVISION:
+            self.reoriented = data["action"] == ReviewAction.REORIENT
+        elif record.kind is RecordKind.DECISION:
+            self._decide(step, data)
+        elif record.kind is RecordKind.OBSERVATION:
+            observation = Observation.model_validate(data)
+            self.gate.observe(observation)
+            last = self.last
+            if self.reviewing and last is not None and last.step is not None and step is not None:
+                self.state.note_executed(step, last.step, observation)
+
+    def _reconcile(self, step: int | None, recorded: object) -> None:
+        parsed = self.gate.parse(self.raw)
+        flags = self.state.flags(parsed) if parsed is not None else ()
+        self.reconciles += 1
+        if flag_data(flags) != recorded:
+            self.mismatches.append(f"step {step}: reconcile flags differ")
+
+    def _decide(self, step: int | None, recorded: dict[str, object]) -> None:
+        gate = self.gate
+        self.last = gate.withhold(REORIENTED) if self.reoriented else gate.decide(self.raw)
+        self.decisions += 1
+        replayed = decision_record(self.last).data
+        if replayed != recorded:
+            self.mismatches.append(
+                f"step {step}: recorded {recorded['verdict']} {recorded['message']!r}, "
+                f"replayed {replayed['verdict']} {replayed['message']!r}"
+            )
