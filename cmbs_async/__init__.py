@@ -28,6 +28,7 @@ if typing.TYPE_CHECKING:
     from .audit import (
         AuditError,
         AuditStore,
+        CheckpointError,
         SigningKeyError,
         SQLiteAuditStore,
         load_or_create_key,
@@ -92,6 +93,7 @@ __all__ = [
     "Belief",
     "CallableAgent",
     "CallbackHuman",
+    "CheckpointError",
     "CmbsError",
     "CommandPayload",
     "Commitment",
@@ -154,6 +156,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "audit": (
         "AuditError",
         "AuditStore",
+        "CheckpointError",
         "SigningKeyError",
         "SQLiteAuditStore",
         "load_or_create_key",

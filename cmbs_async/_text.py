@@ -2,32 +2,40 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable, Sequence
 
 __all__ = ["escape_controls", "table"]
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
-#: C0 and C1 controls, DEL, line and paragraph separators, bidi marks, embeddings,
-#: overrides and isolates, and lone surrogates (which cannot even be encoded).
-_CONTROLS = [
-    *range(0x00, 0x20),
-    *range(0x7F, 0xA0),
-    0x061C,
-    0x200E,
-    0x200F,
-    *range(0x2028, 0x202F),
-    *range(0x2066, 0x206A),
-    *range(0xD800, 0xE000),
-]
+#: Unicode categories never shown as themselves: controls (C0, C1, DEL), formats (bidi
+#: marks, overrides and isolates, zero-width characters), private use, lone surrogates,
+#: unassigned code points, and line and paragraph separators.
+_HIDDEN = frozenset({"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"})
 
 
-def _visible(code: int) -> str:
-    char = chr(code)
-    return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+class _Escapes(dict[int, str]):
+    """``str.translate``'s table, filled in as code points are met."""
+
+    def __missing__(self, code: int) -> str:
+        char = chr(code)
+        if unicodedata.category(char) not in _HIDDEN:
+            shown = char
+        else:
+            shown = _NAMED.get(char) or _numbered(code)
+        if code < 0x10000:  # the basic plane is kept; the rest, rare, is looked up again
+            self[code] = shown
+        return shown
 
 
-_ESCAPES = {code: _visible(code) for code in _CONTROLS}
+def _numbered(code: int) -> str:
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+_ESCAPES = _Escapes()
 
 
 def escape_controls(text: str) -> str:

@@ -171,6 +171,8 @@ def load_profile(name_or_path: str | Path) -> Profile:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (OSError, ValueError, yaml.YAMLError) as exc:
         raise ProfileError(f"{path}: cannot read profile: {one_line(str(exc))}") from exc
+    except RecursionError:
+        raise ProfileError(f"{path}: nested too deeply to be a profile") from None
     return _parse(data, str(path))
 
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from executors.observation import ENV_NAME, CommandEnv, Observation, Output
+from executors.observation import ENV_NAME, CommandEnv, Observation, Output, PassedName
 
 __all__ = [
     "ENV_NAME",
@@ -34,6 +34,7 @@ __all__ = [
     "Observation",
     "Output",
     "PAYLOAD_MODELS",
+    "PassedName",
     "Posture",
     "PostureClaim",
     "PosturePayload",

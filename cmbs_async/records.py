@@ -25,6 +25,7 @@ __all__ = [
     "end_record",
     "flag_data",
     "observation_record",
+    "recordable",
     "recorded_message",
     "session_data",
     "step_record",
@@ -102,9 +103,25 @@ def _raw(message: AgentMessage) -> dict[str, Any]:
             return {"raw_b64": base64.b64encode(bytes(message)).decode()}
     if isinstance(message, AgentStep):
         return {"raw": message.model_dump_json()}
-    if isinstance(message, Mapping):
-        try:
-            return {"raw": json.dumps(dict(message), sort_keys=True)}
-        except (TypeError, ValueError):
-            return {"raw": repr(message), "unserialisable": True}
-    return {"raw": repr(message), "unserialisable": True}
+    return {"raw": json_text(message)}
+
+
+def recordable(message: AgentMessage) -> str | bytes | AgentStep:
+    """The agent's message in a form the trail keeps exactly, for the gate to judge: text,
+    bytes and steps as they are; anything else (a mapping, with values JSON lacks or not)
+    as JSON text, foreign values as their ``repr``. Replay then sees what the gate saw."""
+    if isinstance(message, str | bytes | AgentStep):
+        return message
+    if isinstance(message, bytearray):
+        return bytes(message)
+    return json_text(message)
+
+
+def json_text(value: object) -> str:
+    """``value`` as JSON text; what JSON cannot hold becomes its ``repr``."""
+    if isinstance(value, Mapping):
+        value = dict(value)
+    try:
+        return json.dumps(value, default=repr)
+    except (TypeError, ValueError):  # keys JSON cannot hold, a cycle: the whole as its repr
+        return json.dumps(repr(value))

@@ -28,7 +28,8 @@ class Outcome(StrEnum):
 
 
 class TraceEntry(BaseModel):
-    """One line of the run's trace: what the agent proposed and what the gate said."""
+    """One line of the run's trace: what the agent proposed, what the gate said, and for
+    a command that ran, its output as captured (capped head and tail)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -37,6 +38,8 @@ class TraceEntry(BaseModel):
     verdict: Verdict
     message: str
     observed: str | None = None
+    stdout: str | None = None
+    stderr: str | None = None
 
 
 class ScenarioResult(BaseModel):
@@ -61,8 +64,9 @@ class ScenarioResult(BaseModel):
     def earned(self) -> bool:
         return self.outcome is Outcome.TERMINATED
 
-    def summary(self) -> dict[str, Any]:
-        """The stable JSON contract of ``cmbs run --json``."""
+    def summary(self, *, output: bool = True) -> dict[str, Any]:
+        """The stable JSON contract of ``cmbs run --json``; ``output=False`` leaves the
+        commands' captured output out of the trace (a batch's results file keeps none)."""
         return {
             "scenario_id": self.scenario_id,
             "outcome": self.outcome.value,
@@ -82,6 +86,7 @@ class ScenarioResult(BaseModel):
                     "message": t.message,
                     "observed": t.observed,
                 }
+                | ({"stdout": t.stdout, "stderr": t.stderr} if output else {})
                 for t in self.trace
             ],
         }

@@ -48,6 +48,7 @@ from .protocol import (
     Turn,
     Verdict,
 )
+from .records import recordable
 from .result import Outcome, ScenarioResult, TraceEntry
 from .review.layer import REORIENTED, Review, ReviewAction, SupervisionRecord
 from .review.reconcile import Flag
@@ -333,7 +334,7 @@ async def _converse(
         if message is None:
             logger.info(Events.AGENT_DONE, step=turn.step)
             return
-        await send(steps, _Said(message))
+        await send(steps, _Said(recordable(message)))
 
 
 async def _executor_actor(
@@ -513,6 +514,8 @@ def _conclude(
             verdict=decision.verdict,
             message=decision.message,
             observed=observed.summary() if observed else decision.detail,
+            stdout=observed.stdout.text if observed and observed.kind == "command" else None,
+            stderr=observed.stderr.text if observed and observed.kind == "command" else None,
         )
     )
     if decision.verdict is Verdict.TERMINATE:

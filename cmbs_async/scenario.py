@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ._errors import CmbsError, one_line, validation_reason
-from .protocol import ENV_NAME, CommandEnv
+from .profile import builtin_profiles
+from .protocol import ENV_NAME, CommandEnv, PassedName
 
 __all__ = ["ScenarioError", "ScenarioSpec", "load_scenario"]
 
@@ -28,7 +30,8 @@ class ScenarioSpec(BaseModel):
 
     ``files`` are written into the workdir before the agent's first step (the scenario's
     starting state); ``{{ name }}`` in the goal and in the files is replaced by
-    ``vars[name]`` (other ``{{ ... }}``, such as Ansible's, are left alone). ``host``
+    ``vars[name]``; in the goal, ``env`` and ``readable`` every placeholder must name a
+    var, while in files other ``{{ ... }}`` (Ansible's, Jinja's) are left alone. ``host``
     (``ssh://USER@HOST[:PORT]``) and ``host_key`` (a pinned public key) name a remote
     target for the command line's SSH executor.
 
@@ -54,12 +57,36 @@ class ScenarioSpec(BaseModel):
     host: str | None = Field(default=None, pattern=r"^ssh://")
     host_key: str | None = None
     env: dict[Annotated[str, Field(pattern=ENV_NAME)], str] = Field(default_factory=dict)
-    pass_env: tuple[Annotated[str, Field(pattern=ENV_NAME)], ...] = ()
+    pass_env: tuple[PassedName, ...] = ()
     network: Literal["on", "none"] = "on"
     readable: tuple[str, ...] = ()
 
+    @model_validator(mode="after")
+    def _placeholders_filled(self) -> ScenarioSpec:
+        """Every ``{{ name }}`` cmbs fills (goal, ``env``, ``readable``) names a var: a
+        misspelt one would otherwise reach the agent or a command as written."""
+        places = {"goal": [self.goal], "env": self.env.values(), "readable": self.readable}
+        for place, texts in places.items():
+            for text in texts:
+                for match in _VAR.finditer(text):
+                    if match.group(1) not in self.vars:
+                        known = ", ".join(sorted(self.vars)) or "none"
+                        raise ValueError(
+                            f"{match.group(0)} in {place} names no var (vars: {known})"
+                        )
+        return self
+
+    def with_vars(self, values: Mapping[str, str]) -> ScenarioSpec:
+        """This scenario with some of its vars set (from ``--var``, say); an unknown name
+        is refused, since a misspelt one would leave the default in place silently."""
+        for name in values:
+            if name not in self.vars:
+                known = ", ".join(sorted(self.vars)) or "none"
+                raise ScenarioError(f"the scenario has no var {name!r} (vars: {known})")
+        return self.model_copy(update={"vars": {**self.vars, **values}})
+
     def rendered_goal(self) -> str:
-        """The goal with ``{{ var }}`` placeholders filled in; unknown names stay as written."""
+        """The goal with its ``{{ var }}`` placeholders filled in."""
         return self._render(self.goal)
 
     def rendered_files(self) -> dict[str, str]:
@@ -84,22 +111,32 @@ class ScenarioSpec(BaseModel):
 
 
 def load_scenario(path: str | Path) -> ScenarioSpec:
-    """Read a scenario file (``.json``, otherwise YAML); errors are one-line ScenarioErrors."""
+    """Read a scenario file (``.json``, otherwise YAML); errors are one-line ScenarioErrors.
+
+    A profile named by a relative path is looked for beside the scenario file.
+    """
     path = Path(path)
     try:
         text = path.read_text("utf-8")
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
     try:
         data: Any = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
         raise ScenarioError(f"{path}: not valid {_format(path)}: {one_line(str(exc))}") from exc
+    except RecursionError:
+        raise ScenarioError(f"{path}: nested too deeply to be a scenario") from None
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: a scenario must be a mapping of fields")
     try:
-        return ScenarioSpec.model_validate(data)
+        spec = ScenarioSpec.model_validate(data)
     except ValidationError as exc:
         raise ScenarioError(f"{path}: {validation_reason(exc)}") from exc
+    if spec.profile not in builtin_profiles():  # a file: beside the scenario, if relative
+        spec = spec.model_copy(update={"profile": str(path.parent / spec.profile)})
+    return spec
 
 
 def _format(path: Path) -> str:

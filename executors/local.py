@@ -28,6 +28,7 @@ from .sandbox import (
     SandboxMode,
     SandboxUnavailable,
     bwrap_argv,
+    check_workdir,
     command_env,
     default_hidden,
     find_bwrap,
@@ -82,7 +83,12 @@ class LocalExecutor(Closing):
         return "bwrap" if self._bwrap is not None else "none"
 
     async def prepare(self, workdir: str | None, files: Mapping[str, str]) -> str:
-        """Create the workdir and hold it open (see :mod:`executors.workdir`), then seed it."""
+        """Create the workdir and hold it open (see :mod:`executors.workdir`), then seed it.
+
+        Sandboxed, a workdir that would expose what the sandbox hides is refused.
+        """
+        if workdir is not None and self._bwrap is not None:
+            check_workdir(workdir, hidden=self._hidden)
         prepared = await anyio.to_thread.run_sync(self._workdirs.open, workdir)
         try:
             await seed_files(self, prepared, files)

@@ -10,12 +10,25 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-__all__ = ["ENV_NAME", "CommandEnv", "Observation", "Output"]
+__all__ = ["ENV_NAME", "CommandEnv", "Observation", "Output", "PassedName"]
 
 #: What an environment variable's name may be (for the shell's sake, here and remotely).
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def _not_a_secret(name: str) -> str:
+    if name.startswith("CMBS_") or "API_KEY" in name.upper():
+        raise ValueError(
+            f"{name} may hold the operator's credentials: it cannot be passed to commands"
+        )
+    return name
+
+
+#: A variable an operator passes from their environment to commands: never cmbs's own
+#: settings (``CMBS_*``, which hold the agent's and the reviewer's API keys) nor an API key.
+PassedName = Annotated[str, Field(pattern=ENV_NAME), AfterValidator(_not_a_secret)]
 
 
 class _Model(BaseModel):
@@ -51,7 +64,7 @@ class CommandEnv(_Model):
     """
 
     values: dict[Annotated[str, Field(pattern=ENV_NAME)], str] = Field(default_factory=dict)
-    pass_env: tuple[Annotated[str, Field(pattern=ENV_NAME)], ...] = ()
+    pass_env: tuple[PassedName, ...] = ()
     network: bool = True
     readable: tuple[str, ...] = ()
 

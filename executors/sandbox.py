@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
@@ -34,6 +35,7 @@ __all__ = [
     "SandboxMode",
     "SandboxUnavailable",
     "bwrap_argv",
+    "check_workdir",
     "command_env",
     "default_hidden",
     "find_bwrap",
@@ -150,6 +152,22 @@ def bwrap_argv(
     for name, value in env.items():
         argv += ["--setenv", name, value]
     return [*argv, "--"]
+
+
+def check_workdir(workdir: str, *, hidden: Iterable[str]) -> None:
+    """Refuse a workdir whose writable mount would undo the sandbox: ``/``, or a directory
+    holding a hidden path, the shared ``/tmp``, or the tools commands run (a changed
+    interpreter would run the agent's code outside the sandbox later)."""
+    real = os.path.realpath(workdir)
+    guarded = [*_existing(hidden), tempfile.gettempdir(), *_TOOLS]
+    covered = (
+        "/" if real == "/" else next((p for p in guarded if Path(p).is_relative_to(real)), None)
+    )
+    if covered is not None:
+        raise ExecutorError(
+            f"workdir {real} would let commands change {covered}: "
+            "give the scenario a directory of its own"
+        )
 
 
 def _hide(path: str) -> list[str]:

@@ -71,6 +71,7 @@ __all__ = [
     "SSHAuthRefused",
     "SSHTarget",
     "SSHUnreachable",
+    "read_identity",
 ]
 
 _log = EventLogger("cmbs_async.ssh")
@@ -147,7 +148,18 @@ class SSHUnreachable(ExecutorError):
 
 
 class SSHAuthRefused(ExecutorError):
-    """The host refused the offered credentials."""
+    """The host refused the offered credentials, or they could not be offered."""
+
+
+def read_identity(path: str) -> asyncssh.SSHKey:
+    """The private key in ``path``, or :class:`SSHAuthRefused` saying why it cannot be used
+    (unreadable, not a key, or encrypted: cmbs cannot ask for a passphrase)."""
+    try:
+        return asyncssh.read_private_key(path)
+    except OSError as exc:
+        raise SSHAuthRefused(f"identity {path}: cannot read: {exc.strerror or exc}") from None
+    except (asyncssh.KeyImportError, ValueError) as exc:
+        raise SSHAuthRefused(f"identity {path}: not a usable private key: {exc}") from None
 
 
 class SSHHostKeyRejected(ExecutorError):
@@ -574,7 +586,7 @@ class SSHExecutor(Closing):
         if target.user:
             options["username"] = target.user
         if target.identities:
-            options["client_keys"] = list(target.identities)
+            options["client_keys"] = [read_identity(path) for path in target.identities]
         if target.insecure:
             options["known_hosts"] = None
         elif target.host_key:

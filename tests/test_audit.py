@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cmbs_async import Outcome, replay, run_scenario
+from cmbs_async import CallableAgent, Outcome, Verdict, replay, run_scenario
 from cmbs_async.audit import RecordKind, SigningKeyError, SQLiteAuditStore, load_or_create_key
 from cmbs_async.demo import demo_agent, demo_scenario
 from cmbs_async.review import Review, ReviewVerdict, SupervisionConfig, Verdict3
@@ -58,6 +58,33 @@ async def test_a_run_is_recorded_and_verifies(store: SQLiteAuditStore) -> None:
     assert len(store.session_history(result.session_id)) == 8
     assert store.verify().intact
     assert replay(store, result.session_id).identical
+
+
+async def test_a_callable_agents_non_json_values_replay_identically(
+    store: SQLiteAuditStore,
+) -> None:
+    """Sets, bytes, NaN, integer keys, a bare number: the gate judges what is recorded."""
+    valid = json.loads(step("check_status", {"command": "true"}))
+    said: list[object] = [
+        valid | {"when": {1, 2}},
+        valid | {"action": {"type": "check_status", "payload": {"command": float("nan")}}},
+        {1: 2, "a": b"x"},
+        42,
+        valid,
+    ]
+
+    async def agent(turn: object) -> object:
+        return said.pop(0) if said else None
+
+    result = await run_scenario(
+        demo_scenario(), agent=CallableAgent(agent), executor=NullExecutor(), audit=store
+    )
+    assert result.session_id is not None and result.steps == 5
+    assert [t.verdict for t in result.trace][-1] is Verdict.ALLOW
+    report = replay(store, result.session_id)
+    assert report.decisions == 5 and report.identical, report.mismatches
+    done = cmbs("replay", str(store.path), result.session_id)
+    assert done.returncode == 0 and "identical" in done.stdout and done.stderr == ""
 
 
 async def test_a_reviewed_run_replays_identically(store: SQLiteAuditStore) -> None:
@@ -271,6 +298,7 @@ def test_cli_show_export_replay_and_trusted_key(tmp_path: Path) -> None:
     trusted = cmbs("audit", "verify", str(db), "--signing-key", str(key))
     assert trusted.returncode == 0 and "the trusted key" in trusted.stdout
     other = tmp_path / "other"
+    load_or_create_key(other)  # a key that signed nothing here
     assert cmbs("audit", "verify", str(db), "--signing-key", str(other)).returncode == 1
     missing = cmbs("audit", "verify", str(tmp_path / "none.db"))
     assert missing.returncode == 2 and "no audit database" in missing.stderr

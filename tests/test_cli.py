@@ -95,7 +95,7 @@ def test_run_overrides_the_deadline(scenario: Path, tmp_path: Path) -> None:
         ("id: [unclosed\n", "not valid YAML"),
         ("- a list\n", "must be a mapping"),
         ("id: x\ngoal: g\ndeadline_s: -1\n", "deadline_s: Input should be greater than 0"),
-        ("id: x\ngoal: g\nprofile: nonesuch\n", "no profile 'nonesuch'"),
+        ("id: x\ngoal: g\nprofile: nonesuch\n", "nonesuch' (built-in: ciso"),
     ],
 )
 def test_an_invalid_scenario_file_is_one_line_and_exit_2(

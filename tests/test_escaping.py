@@ -35,6 +35,8 @@ def cmbs(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str
         ("\u2028\u2029", "\\u2028\\u2029"),
         ("\u202a\u202e\u2066\u2069\u200f\u061c", "\\u202a\\u202e\\u2066\\u2069\\u200f\\u061c"),
         ("\ud800", "\\ud800"),
+        ("\u200b\ufeff\u00ad", "\\u200b\\ufeff\\xad"),  # zero-width, invisible
+        ("\ue000\U000f0000\u0378", "\\ue000\\U000f0000\\u0378"),  # private, unassigned
         ("héllo, 日本 ☃ C:\\dir 100%", "héllo, 日本 ☃ C:\\dir 100%"),
     ],
 )
@@ -47,7 +49,7 @@ def test_no_control_of_any_kind_survives() -> None:
     left = {
         char
         for char in set(escape_controls(everything))
-        if unicodedata.category(char) in ("Cc", "Cs", "Zl", "Zp")
+        if unicodedata.category(char) in ("Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp")
         or unicodedata.bidirectional(char)
         in ("LRE", "RLE", "LRO", "RLO", "PDF", "LRI", "RLI", "FSI", "PDI")
     }

@@ -317,3 +317,46 @@ def test_a_secret_among_the_tools_stays_hidden(tmp_path: Path) -> None:
         key.unlink()
     assert "tools ok" in observation.stdout.text
     assert "PRIVATE" not in observation.stdout.text
+
+
+@pytest.mark.parametrize("where", ["root", "home", "parent of home", "tmp", "tools"])
+def test_a_workdir_that_would_expose_what_is_hidden_is_refused(
+    where: str, outside_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workdir is mounted writable over everything: it must not be ``/``, a home, the
+    shared ``/tmp`` (other runs' workdirs) or the interpreter's tree, and the run says so."""
+    home = outside_tmp / "home"
+    (home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    tools = Path(executors.__file__).resolve().parent.parent
+    workdir = {
+        "root": "/",
+        "home": str(home),
+        "parent of home": str(outside_tmp),
+        "tmp": tempfile.gettempdir(),
+        "tools": str(tools),
+    }[where]
+    spec = ScenarioSpec(id="exposed", goal="g", workdir=workdir)
+    agent = ScriptedAgent([step("check_status", {"command": "touch cmbs-test-exposed"})])
+    result = anyio.run(partial(run_scenario, spec, agent=agent, executor=LocalExecutor()))
+    assert result.outcome is Outcome.EXECUTOR_ERROR
+    assert "give the scenario a directory of its own" in result.reason
+    assert result.trace == []
+    assert not (Path(workdir) / "cmbs-test-exposed").exists()
+
+
+def test_a_scenario_cannot_pass_the_operators_keys_to_commands(tmp_path: Path) -> None:
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text("id: leak\ngoal: g\npass_env: [KUBECONFIG, CMBS_AGENT_API_KEY]\n")
+    done = subprocess.run(
+        [*CMBS, "run", str(scenario), "--agent", "script:/dev/null", "--no-audit"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1
+    assert "CMBS_AGENT_API_KEY may hold the operator's credentials" in done.stderr
+    with pytest.raises(ValueError, match="OPENAI_API_KEY may hold"):
+        CommandEnv(pass_env=("OPENAI_API_KEY",))

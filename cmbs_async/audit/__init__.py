@@ -4,6 +4,7 @@ Storage only: it knows records, not the gate or the review layer that fill them
 (:mod:`cmbs_async.records` builds a run's records; :func:`cmbs_async.replay` reads them).
 """
 
+from .log import CheckpointError
 from .signing import SigningKeyError, default_data_dir, load_or_create_key, public_key_text
 from .sqlite import SQLiteAuditStore, VerifyReport
 from .store import AuditError, AuditRecord, AuditStore, Entry, RecordKind, StepHistory
@@ -14,6 +15,7 @@ __all__ = [
     "AuditRecord",
     "AuditStore",
     "AuditWriter",
+    "CheckpointError",
     "Entry",
     "RecordKind",
     "SQLiteAuditStore",

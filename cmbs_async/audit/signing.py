@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,11 @@ __all__ = [
     "canonical",
     "default_data_dir",
     "digest",
+    "load_key",
     "load_or_create_key",
     "load_public_key",
     "public_key_text",
+    "sign",
     "verify_signature",
 ]
 
@@ -52,31 +55,65 @@ def digest(data: bytes) -> str:
 def load_or_create_key(path: str | Path) -> Ed25519PrivateKey:
     """Load the key at ``path``, or create it there with mode 0600 on first use.
 
-    A key file readable by group or others is refused rather than used.
+    Creation is race-free: the key is written whole to a temporary file and linked into
+    place, so of several processes creating the same key at once one wins and all use
+    its key. A key file readable by group or others is refused rather than used.
     """
     path = Path(path)
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        key = Ed25519PrivateKey.generate()
-        pem = key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(pem)
-        return key
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o077:
-        raise SigningKeyError(f"signing key {path} has mode {mode:04o}; it must be 0600")
     try:
-        loaded = serialization.load_pem_private_key(path.read_bytes(), password=None)
-    except (ValueError, TypeError, OSError) as exc:
+        return load_key(path)
+    except FileNotFoundError:
+        pass
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".signing-key-")
+        try:
+            with os.fdopen(fd, "wb") as handle:  # mkstemp makes it 0600
+                handle.write(pem)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.link(temporary, path)  # fails if another process got there first
+        except FileExistsError:
+            return load_key(path)
+        finally:
+            os.unlink(temporary)
+    except OSError as exc:
+        raise SigningKeyError(f"cannot create signing key {path}: {exc.strerror or exc}") from None
+    return key
+
+
+def load_key(path: str | Path) -> Ed25519PrivateKey:
+    """The existing key at ``path`` (``FileNotFoundError`` if there is none)."""
+    path = Path(path)
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if path.is_dir():
+            raise SigningKeyError(f"signing key {path} is a directory")
+        if mode & 0o077:
+            raise SigningKeyError(f"signing key {path} has mode {mode:04o}; it must be 0600")
+        pem = path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # a path under a regular file, unreadable
+        raise SigningKeyError(f"cannot read signing key {path}: {exc.strerror or exc}") from None
+    try:
+        loaded = serialization.load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError) as exc:
         raise SigningKeyError(f"signing key {path} cannot be read as a PEM private key") from exc
     if not isinstance(loaded, Ed25519PrivateKey):
         raise SigningKeyError(f"signing key {path} is not an Ed25519 key")
     return loaded
+
+
+def sign(key: Ed25519PrivateKey, data: bytes) -> str:
+    """``data``'s Ed25519 signature, base64."""
+    return base64.b64encode(key.sign(data)).decode()
 
 
 def public_key_text(key: Ed25519PrivateKey) -> str:
@@ -85,7 +122,11 @@ def public_key_text(key: Ed25519PrivateKey) -> str:
 
 
 def load_public_key(text: str) -> Ed25519PublicKey:
-    return Ed25519PublicKey.from_public_bytes(base64.b64decode(text))
+    """A base64 Ed25519 public key; ``ValueError`` for anything else."""
+    try:
+        return Ed25519PublicKey.from_public_bytes(base64.b64decode(text, validate=True))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"invalid key {text[:60]!r}: not a base64 Ed25519 public key") from exc
 
 
 def verify_signature(public: Ed25519PublicKey, signature: str, data: bytes) -> bool:

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._errors import CmbsError
-from ..scenario import ScenarioSpec, load_scenario
+from ..profile import builtin_profiles as builtins
+from ..scenario import ScenarioError, ScenarioSpec, load_scenario
 
 __all__ = ["BatchError", "Job", "expand_scenarios", "plan"]
 
@@ -34,7 +35,8 @@ class Job:
 
 
 def expand_scenarios(inputs: Sequence[str]) -> list[Path]:
-    """Files as given, directories searched for scenario files, globs expanded."""
+    """Files as given, directories searched for scenario files, globs expanded; each once,
+    as its resolved path (what a job is keyed by, however it was spelt)."""
     found: list[Path] = []
     for item in inputs:
         path = Path(item)
@@ -46,7 +48,7 @@ def expand_scenarios(inputs: Sequence[str]) -> list[Path]:
             matches = sorted(Path(p) for p in glob.glob(item, recursive=True) if Path(p).is_file())
         if not matches:
             raise BatchError(f"no scenario files at {item}")
-        found += [m for m in matches if m not in found]
+        found += [m for m in (m.resolve() for m in matches) if m not in found]
     return found
 
 
@@ -56,7 +58,20 @@ def plan(inputs: Sequence[str], agents: Sequence[str], repeat: int) -> list[Job]
         raise BatchError("--repeat must be at least 1")
     if not agents:
         raise BatchError("at least one --agent is needed")
-    specs = [(str(path), load_scenario(path)) for path in expand_scenarios(inputs)]
+    loaded: dict[Path, ScenarioSpec] = {}
+    invalid: dict[Path, ScenarioError] = {}
+    for path in expand_scenarios(inputs):
+        try:
+            loaded[path] = load_scenario(path)
+        except ScenarioError as error:
+            invalid[path] = error
+    # a profile file found among the scenarios (a directory holds both) is not one of them
+    named = {spec.profile for spec in loaded.values()} - set(builtins())
+    profiles = {Path(name).resolve() for name in named}
+    for path, problem in invalid.items():
+        if path not in profiles:
+            raise problem
+    specs = [(str(path), spec) for path, spec in loaded.items() if path not in profiles]
     return [
         Job(scenario_file=file, spec=spec, agent=agent, repeat=r)
         for file, spec in specs

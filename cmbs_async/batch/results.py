@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ..result import ScenarioResult
 from .jobs import BatchError, Job
@@ -23,7 +23,7 @@ def result_record(
         "scenario_file": job.scenario_file,
         "agent": job.agent,
         "repeat": job.repeat,
-        **result.summary(),
+        **result.summary(output=False),
         "started_at": round(started, 6),
         "finished_at": round(finished, 6),
     }
@@ -61,8 +61,8 @@ class ResultLog:
             self.previous = self._read_back()
         self.done = {record["key"] for record in self.previous}
         self.written: list[dict[str, Any]] = []
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._handle: TextIO | None = None  # opened at the first result: a failed start
+        # leaves no file behind (which a retry would then refuse)
 
     def _read_back(self) -> list[dict[str, Any]]:
         data = self.path.read_bytes()
@@ -71,7 +71,11 @@ class ResultLog:
             with open(self.path, "r+b") as handle:
                 handle.truncate(len(complete))
         records = []
-        for number, line in enumerate(complete.decode("utf-8").splitlines(), 1):
+        try:
+            text = complete.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BatchError(f"{self.path} is not a results file (not UTF-8)") from exc
+        for number, line in enumerate(text.splitlines(), 1):
             try:
                 record = json.loads(line)
             except ValueError:
@@ -81,6 +85,9 @@ class ResultLog:
         return records
 
     def append(self, record: dict[str, Any]) -> None:
+        if self._handle is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - close()
         self._handle.write(json.dumps(record) + "\n")
         self._handle.flush()
         os.fsync(self._handle.fileno())
@@ -93,4 +100,5 @@ class ResultLog:
         return self.previous + self.written
 
     def close(self) -> None:
-        self._handle.close()
+        if self._handle is not None:
+            self._handle.close()

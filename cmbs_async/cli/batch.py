@@ -27,8 +27,16 @@ from ..batch import (
 from ..batch.ray_backend import run_batch_ray
 from ..profile import Profile, load_profile
 from ..result import Outcome
+from .audit import write_checkpoint
 from .signals import Interrupted, cancel_on_signals
-from .specs import SpecError, add_sandbox_option, agent_factory, executor_from_spec, secrets_of
+from .specs import (
+    SpecError,
+    add_sandbox_option,
+    agent_factory,
+    canonical_agents,
+    executor_from_spec,
+    secrets_of,
+)
 
 __all__ = ["add_batch_command", "run_batch_command"]
 
@@ -57,6 +65,9 @@ def add_batch_command(sub: Any, common: argparse.ArgumentParser) -> None:
     batch.add_argument("--resume", action="store_true", help="run only what has no result yet")
     batch.add_argument("--executor", default="local", help="local (the only one on Ray)")
     batch.add_argument("--audit-db", help="also record every run in this audit database")
+    batch.add_argument(
+        "--head-out", help="with --audit-db: write a signed checkpoint of its log at the end"
+    )
     add_sandbox_option(batch)
     batch.add_argument("--address", help="Ray cluster address (default: start a local one)")
     batch.add_argument("--shards", type=int, help="Ray shards (default: 2 per cluster CPU)")
@@ -65,9 +76,12 @@ def add_batch_command(sub: Any, common: argparse.ArgumentParser) -> None:
 def run_batch_command(args: argparse.Namespace) -> int:
     if args.concurrency < 1:
         raise BatchError("--concurrency must be at least 1")
-    jobs = plan(args.scenarios, args.agent, args.repeat)
+    if args.head_out and not args.audit_db:
+        raise BatchError("--head-out needs --audit-db")
+    agents = canonical_agents(args.agent)
+    jobs = plan(args.scenarios, agents, args.repeat)
     tune_gc_for_batches()
-    factories = {spec: agent_factory(spec) for spec in args.agent}
+    factories = {spec: agent_factory(spec) for spec in agents}
     profiles = {name: load_profile(name) for name in dict.fromkeys(j.spec.profile for j in jobs)}
     log = ResultLog(args.out, resume=args.resume)
     stopped: Interrupted | None = None
@@ -159,7 +173,10 @@ async def _local(
         return report
 
     try:
-        return await cancel_on_signals(by_profile)
+        report = await cancel_on_signals(by_profile)
+        if store is not None and args.head_out:
+            write_checkpoint(store, args.head_out)
+        return report
     finally:
         if store is not None:
             store.close()

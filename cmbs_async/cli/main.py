@@ -8,6 +8,8 @@ when stopped by SIGINT (Ctrl-C, 130), SIGTERM (143) or SIGHUP (129).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import json
 import os
 import sys
@@ -28,7 +30,7 @@ from ..result import ScenarioResult
 from ..review import ConsoleHuman, OpenAIReviewer, Review, load_config
 from ..runtime import run_scenario
 from ..scenario import ScenarioSpec, load_scenario
-from .audit import add_audit_commands, run_audit_command
+from .audit import add_audit_commands, run_audit_command, write_checkpoint
 from .batch import add_batch_command, run_batch_command
 from .logs import LEVELS, logging_to_stderr
 from .render import render_result
@@ -48,7 +50,21 @@ EXIT_NOT_EARNED = 3
 EXIT_INTERRUPTED = 130
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, where it has one worth saying."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, [], argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
@@ -70,11 +86,24 @@ def _positive(kind: type[int] | type[float]) -> Any:
     return parse
 
 
+def _logging_options(parser: argparse.ArgumentParser, *, default: Any = None) -> None:
+    """``--log-level`` and ``--log-format``: before the subcommand, or after it."""
+    level, fmt = ("warning", "console") if default is None else (default, default)
+    parser.add_argument(
+        "--log-level", choices=LEVELS, default=level, help="events shown (default: warning)"
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("console", "json"),
+        default=fmt,
+        help="events on stderr as text or JSON lines (default: console)",
+    )
+
+
 def _common(backends: tuple[str, ...] = ("asyncio", "trio")) -> _Parser:
     common = _Parser(add_help=False)
-    common.add_argument("--backend", choices=backends, default="asyncio")
-    common.add_argument("--log-level", choices=LEVELS, default="warning")
-    common.add_argument("--log-format", choices=("console", "json"), default="console")
+    common.add_argument("--backend", choices=backends, default="asyncio", help="event loop")
+    _logging_options(common, default=argparse.SUPPRESS)  # the top level's, unless given here
     return common
 
 
@@ -88,6 +117,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     recorded.add_argument("--no-audit", action="store_true", help="record nothing")
     recorded.add_argument(
+        "--head-out", help="write a signed checkpoint of the audit log here after the run"
+    )
+    recorded.add_argument(
         "--signing-key",
         help="Ed25519 key file, made 0600 on first use "
         f"(default {default_data_dir() / 'signing_key'})",
@@ -97,6 +129,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="cmbs",
         description="Run language-model agents on compliance scenarios under the CMBS gate.",
     )
+    parser.add_argument("--version", action="version", version=f"cmbs {_version()}")
+    _logging_options(parser)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     demo = sub.add_parser(
         "demo", parents=[common, recorded], help="run the built-in scenario with a scripted agent"
@@ -124,7 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_sandbox_option(run)
     run.add_argument("--deadline", type=_positive(float), help="seconds (overrides the file)")
-    run.add_argument("--max-steps", type=_positive(int), help="overrides the file")
+    run.add_argument("--max-steps", type=_positive(int), help="step budget (overrides the file)")
     run.add_argument("--workdir", help="run in this directory and keep it")
     run.add_argument("--config", help="TOML file with a [supervision] table: turns review on")
     run.add_argument(
@@ -137,9 +171,25 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("cmbs-async")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown"
+
+
+def _check_backend(backend: str) -> None:
+    """A backend whose package is missing is refused before anything starts."""
+    if backend in ("trio", "ray") and importlib.util.find_spec(backend) is None:
+        raise UsageError(
+            f"--backend {backend} needs {backend}, not installed: pip install {backend}"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        _check_backend(getattr(args, "backend", "asyncio"))
         if args.command == "schema":
             print(json.dumps(load_profile(args.profile).step_json_schema(), indent=2))
             return 0
@@ -154,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result = anyio.run(
                     _run, spec, agent, executor, options | {"audit": store}, backend=args.backend
                 )
+                if store is not None and args.head_out:
+                    write_checkpoint(store, args.head_out)
             finally:
                 if store is not None:
                     store.close()
@@ -164,15 +216,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cmbs {args.command}: interrupted", file=sys.stderr)
         return exc.exit_status if isinstance(exc, Interrupted) else EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader went away (`| head`): nothing more to say
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _stdout_gone()
         return 0
-    if args.json:
-        print(json.dumps(result.summary() | {"audit_db": _audit_path(args)}, indent=2))
-    else:
-        print(render_result(result))
-        if store is not None:
-            print(f"audit     session {result.session_id} in {store.path}")
+    try:
+        if args.json:
+            print(json.dumps(result.summary() | {"audit_db": _audit_path(args)}, indent=2))
+        else:
+            print(render_result(result))
+            if store is not None:
+                print(f"audit     session {result.session_id} in {store.path}")
+        sys.stdout.flush()  # a reader gone shows here, not as a traceback at exit
+    except BrokenPipeError:
+        _stdout_gone()
     return EXIT_EARNED if result.earned else EXIT_NOT_EARNED
+
+
+def _stdout_gone() -> None:
+    """Whatever is still buffered for a closed pipe goes nowhere, silently."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _audit_path(args: argparse.Namespace) -> str | None:
@@ -184,6 +245,8 @@ def _audit_path(args: argparse.Namespace) -> str | None:
 def _audit_store(args: argparse.Namespace) -> SQLiteAuditStore | None:
     path = _audit_path(args)
     if path is None:
+        if args.head_out:
+            raise UsageError("--head-out needs the audit trail (drop --no-audit)")
         return None
     key = load_or_create_key(args.signing_key or default_data_dir() / "signing_key")
     return SQLiteAuditStore(path, key=key)
@@ -209,13 +272,13 @@ def _prepare(
     if args.workdir:
         spec = spec.model_copy(update={"workdir": args.workdir})
     if args.var:
-        overrides_vars = dict(spec.vars)
+        given = {}
         for item in args.var:
             name, sep, value = item.partition("=")
             if not sep or not name:
                 raise UsageError(f"--var {item!r}: expected NAME=VALUE")
-            overrides_vars[name] = value
-        spec = spec.model_copy(update={"vars": overrides_vars})
+            given[name] = value
+        spec = spec.with_vars(given)
     overrides: dict[str, Any] = {
         "deadline": args.deadline,
         "max_steps": args.max_steps,

@@ -8,9 +8,9 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from executors import Executor, LocalExecutor
+from executors import Executor, ExecutorError, LocalExecutor
 from executors.sandbox import INSTALL_HINT, SandboxMode, SandboxUnavailable
-from executors.ssh import SSHExecutor, SSHTarget
+from executors.ssh import SSHExecutor, SSHTarget, read_identity
 
 from .._errors import CmbsError
 from ..agents import Agent, OpenAIAgent, ScriptedAgent, StdioAgent
@@ -21,6 +21,7 @@ __all__ = [
     "add_sandbox_option",
     "agent_factory",
     "agent_from_spec",
+    "canonical_agents",
     "executor_from_spec",
     "secrets_of",
 ]
@@ -28,6 +29,16 @@ __all__ = [
 
 class SpecError(CmbsError, ValueError):
     """A spec the command line cannot use; the message is one line for the user."""
+
+
+def canonical_agents(specs: Sequence[str]) -> list[str]:
+    """The ``--agent`` specs with a script's path resolved, each once: the same agent spelt
+    two ways (``script:s.jsonl``, ``script:./s.jsonl``) is one agent, and one job key."""
+    canonical = []
+    for spec in specs:
+        kind, sep, rest = spec.partition(":")
+        canonical.append(f"script:{Path(rest).resolve()}" if kind == "script" and rest else spec)
+    return list(dict.fromkeys(canonical))
 
 
 def agent_factory(spec: str) -> Callable[[Profile], Agent]:
@@ -72,7 +83,7 @@ def add_sandbox_option(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="contain local commands with bubblewrap: auto uses it where installed and says "
         "so when it is not; bwrap refuses to run without it; none runs commands bare "
-        "(default: auto)",
+        "(default: %(default)s)",
     )
 
 
@@ -116,6 +127,11 @@ def executor_from_spec(
         for path in (*identities, *([known_hosts] if known_hosts else [])):
             if not os.path.isfile(path):
                 raise SpecError(f"no such file: {path}")
+        for path in identities:
+            try:
+                read_identity(path)
+            except ExecutorError as exc:
+                raise SpecError(f"--{exc}") from None
         try:
             target = SSHTarget.parse(
                 spec,

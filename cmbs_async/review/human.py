@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol, TextIO, runtime_checkable
@@ -73,5 +75,15 @@ class ConsoleHuman:
 
     async def _ask(self, prompt: str) -> str:
         self._say(prompt)
-        line: str = await anyio.to_thread.run_sync(self._in.readline, abandon_on_cancel=True)
-        return line.strip()
+        return (await self._line()).strip()
+
+    async def _line(self) -> str:
+        """The next line, awaited on the event loop: no thread is left blocked in a read
+        when the deadline cancels the question, so the program can exit."""
+        try:
+            fd = self._in.fileno()
+        except (OSError, ValueError):  # in memory (a StringIO): reading never blocks
+            return self._in.readline()
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a file never blocks (nor can be polled)
+            await anyio.wait_readable(fd)
+        return self._in.readline()
