@@ -34,7 +34,8 @@ if typing.TYPE_CHECKING:
         load_or_create_key,
     )
     from .batch import BatchError
-    from .gate import Decision, Gate, Messages, Payload, Rules
+    from .gate import Decision, Gate, Messages, ObservationOwed, Payload, Rules
+    from .handle import RunHandle
     from .masks import Masks
     from .profile import (
         ActionSpec,
@@ -74,6 +75,7 @@ if typing.TYPE_CHECKING:
     )
     from .runtime import run_scenario
     from .scenario import ScenarioError, ScenarioSpec, load_scenario
+    from .session import Session, SessionEnded, StepReply
 
 __version__ = "0.1.0"
 
@@ -109,6 +111,7 @@ __all__ = [
     "Observation",
     "OpenAIAgent",
     "OpenAIReviewer",
+    "ObservationOwed",
     "Outcome",
     "Output",
     "Payload",
@@ -121,13 +124,17 @@ __all__ = [
     "Review",
     "ReviewerError",
     "Rules",
+    "RunHandle",
     "SQLiteAuditStore",
     "ScenarioError",
     "ScenarioResult",
     "ScenarioSpec",
     "ScriptedAgent",
+    "Session",
+    "SessionEnded",
     "SigningKeyError",
     "StdioAgent",
+    "StepReply",
     "SupervisionConfig",
     "TraceEntry",
     "Turn",
@@ -166,6 +173,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "Decision",
         "Gate",
         "Messages",
+        "ObservationOwed",
         "Payload",
         "Rules",
     ),
@@ -213,12 +221,14 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "ReviewerError",
         "SupervisionConfig",
     ),
+    "handle": ("RunHandle",),
     "runtime": ("run_scenario",),
     "scenario": (
         "ScenarioError",
         "ScenarioSpec",
         "load_scenario",
     ),
+    "session": ("Session", "SessionEnded", "StepReply"),
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 

@@ -23,7 +23,7 @@ from typing import Any, TypeAlias, cast
 
 from pydantic import ValidationError
 
-from ._errors import validation_reason
+from ._errors import CmbsError, validation_reason
 from .masks import Masks
 from .profile import ActionSpec, Profile
 from .protocol import (
@@ -42,10 +42,15 @@ from .protocol import (
     Verdict,
 )
 
-__all__ = ["Decision", "Gate", "Messages", "Payload", "Rules"]
+__all__ = ["Decision", "Gate", "Messages", "ObservationOwed", "Payload", "Rules"]
 
 #: A step's payload, as the gate parsed it under its action's kind.
 Payload: TypeAlias = ArtifactPayload | CommandPayload | PosturePayload | EmptyPayload
+
+
+class ObservationOwed(CmbsError, RuntimeError):
+    """``decide()`` was called while an allowed action's observation was still owed: the
+    masks would judge the next step without what that action really did."""
 
 
 class Messages:
@@ -155,7 +160,13 @@ class Gate:
         return self._awaiting is not None
 
     def decide(self, raw: str | bytes | Mapping[str, Any] | AgentStep) -> Decision:
-        """Judge one agent message; never raises, whatever the message."""
+        """Judge one agent message; never raises, whatever the message, but
+        :class:`ObservationOwed` while the last allowed action's observation is owed."""
+        if self._awaiting is not None:
+            raise ObservationOwed(
+                f"step {self.step_count} ({self._awaiting.kind.value}) was allowed to run: "
+                "pass what running it observed to observe() before deciding the next step"
+            )
         self.step_count += 1
         self._awaiting = None
         number = self.step_count

@@ -38,6 +38,7 @@ from .agents.base import Agent, AgentMessage
 from .audit.store import AuditError, AuditStore
 from .events import Events, logger
 from .gate import Decision, Gate, Rules
+from .handle import RunHandle
 from .profile import Profile, load_profile
 from .protocol import (
     AgentStep,
@@ -176,6 +177,7 @@ async def run_scenario(
     audit: AuditStore | None = None,
     session_id: str | None = None,
     rules: Rules | None = None,
+    handle: RunHandle | None = None,
 ) -> ScenarioResult:
     """Run one scenario to its end and report how it ended.
 
@@ -188,8 +190,10 @@ async def run_scenario(
 
     No audit wait outlasts the deadline: a record not durable by then ends the run
     ``audit_error``, and the end record gets at most a second more. Cancelled from outside
-    (a signal, the caller's scope), the run still kills what runs and records its end
-    (``cancelled``), then lets the cancellation through. ``duration_s`` is the call's wall
+    (a signal, the caller's scope), the run still kills what runs, traces the step in
+    flight as killed, records its end (``cancelled``) and logs ``scenario.finished``, then
+    lets the cancellation through; a ``handle`` (:class:`RunHandle`) holds that result,
+    and a run cancelled through its handle returns it. ``duration_s`` is the call's wall
     time. A failure it does not expect (a bug in an executor, an agent whose ``aclose``
     raises) comes out as itself, not in an ``ExceptionGroup``.
     """
@@ -210,11 +214,17 @@ async def run_scenario(
         session_id=session_id or uuid.uuid4().hex,
         rules=rules,
     )
-    with bound_contextvars(scenario_id=spec.id):
-        return await _run(options, agent, started)
+    handle = handle or RunHandle()
+    with bound_contextvars(scenario_id=spec.id), anyio.CancelScope() as own:
+        handle.attach(own)
+        return await _run(options, agent, started, handle)
+    assert handle.result is not None  # here only when cancelled through the handle
+    return handle.result
 
 
-async def _run(options: _Options, agent: Agent, started: float) -> ScenarioResult:
+async def _run(
+    options: _Options, agent: Agent, started: float, handle: RunHandle
+) -> ScenarioResult:
     """The run from its start event to its end record: the actors under the deadline."""
     spec, ends_at = options.spec, started + options.budget
     logger.info(Events.SCENARIO_STARTED, deadline_s=options.budget, max_steps=options.max_steps)
@@ -240,10 +250,11 @@ async def _run(options: _Options, agent: Agent, started: float) -> ScenarioResul
             result = _result(run, anyio.current_time() - started, options.session_id)
             grace = anyio.current_time() + _END_GRACE
             await trail.end(result, until=grace if stopped is not None else max(grace, ends_at))
-        if stopped is not None:
-            raise stopped
-    result = result.model_copy(update={"duration_s": anyio.current_time() - started})
-    _log_finished(result)
+            result = result.model_copy(update={"duration_s": anyio.current_time() - started})
+            _log_finished(result)
+            handle.finished(result)
+    if stopped is not None:
+        raise stopped
     return result
 
 
@@ -481,7 +492,11 @@ async def _execute(run: _Run, decision: Decision, executor: _ExecutorLink) -> Ob
     if not decision.needs_execution:
         return None
     run.log.debug(Events.EXEC_REQUESTED, action=decision.action_type)
-    reply = await executor.run(decision)
+    try:
+        reply = await executor.run(decision)
+    except anyio.get_cancelled_exc_class():  # the deadline or a cancellation: it was killed
+        run.trace.append(_entry(decision, "killed: the run ended while it ran"))
+        raise
     if isinstance(reply, _Failed):
         run.finish(Outcome.EXECUTOR_ERROR, reply.reason)
         return None
@@ -499,6 +514,20 @@ async def _execute(run: _Run, decision: Decision, executor: _ExecutorLink) -> Ob
     return reply
 
 
+def _entry(decision: Decision, said: str | None, observed: Observation | None = None) -> TraceEntry:
+    """The trace's line for a step; a command's captured output with it."""
+    ran = observed is not None and observed.kind == "command"
+    return TraceEntry(
+        step=decision.step_number,
+        action=decision.action_type,
+        verdict=decision.verdict,
+        message=decision.message,
+        observed=said,
+        stdout=observed.stdout.text if ran and observed else None,
+        stderr=observed.stderr.text if ran and observed else None,
+    )
+
+
 def _conclude(
     run: _Run,
     decision: Decision,
@@ -508,15 +537,7 @@ def _conclude(
     """Trace the step, then end the run (terminated, or its step budget used up) or
     answer the agent, with the review's correction if it sent the step back."""
     run.trace.append(
-        TraceEntry(
-            step=decision.step_number,
-            action=decision.action_type,
-            verdict=decision.verdict,
-            message=decision.message,
-            observed=observed.summary() if observed else decision.detail,
-            stdout=observed.stdout.text if observed and observed.kind == "command" else None,
-            stderr=observed.stderr.text if observed and observed.kind == "command" else None,
-        )
+        _entry(decision, observed.summary() if observed else decision.detail, observed)
     )
     if decision.verdict is Verdict.TERMINATE:
         run.finish(Outcome.TERMINATED)

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,18 @@ options = st.lists(
 
 def _workdirs() -> set[str]:
     return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("cmbs-")}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _private_tmp() -> Iterator[None]:
+    """Temporary workdirs go to a folder of this module's own: what other processes put
+    in /tmp meanwhile is no leak of this test's."""
+    saved, tempfile.tempdir = tempfile.tempdir, tempfile.mkdtemp(prefix="fuzz-tmp-")
+    try:
+        yield
+    finally:
+        shutil.rmtree(tempfile.tempdir)
+        tempfile.tempdir = saved
 
 
 @pytest.mark.filterwarnings("ignore:Generating overly large repr")  # huge inputs, on purpose

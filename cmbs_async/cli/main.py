@@ -25,6 +25,7 @@ from .._errors import CmbsError
 from ..agents import Agent
 from ..audit import SQLiteAuditStore, default_data_dir, load_or_create_key
 from ..demo import demo_agent, demo_scenario
+from ..handle import RunHandle
 from ..profile import builtin_profiles, load_profile
 from ..result import ScenarioResult
 from ..review import ConsoleHuman, OpenAIReviewer, Review, load_config
@@ -200,12 +201,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return run_batch_command(args)
             spec, agent, executor, options = _prepare(args)
             store = _audit_store(args)
+            handle = RunHandle()
             try:
                 result = anyio.run(
-                    _run, spec, agent, executor, options | {"audit": store}, backend=args.backend
+                    _run,
+                    spec,
+                    agent,
+                    executor,
+                    options | {"audit": store, "handle": handle},
+                    backend=args.backend,
                 )
                 if store is not None and args.head_out:
                     write_checkpoint(store, args.head_out)
+            except Interrupted:
+                if handle.result is not None:  # what the run did until the signal came
+                    _print_result(args, handle.result, store)
+                raise
             finally:
                 if store is not None:
                     store.close()
@@ -218,6 +229,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`| head`): nothing more to say
         _stdout_gone()
         return 0
+    _print_result(args, result, store)
+    return EXIT_EARNED if result.earned else EXIT_NOT_EARNED
+
+
+def _print_result(
+    args: argparse.Namespace, result: ScenarioResult, store: SQLiteAuditStore | None
+) -> None:
     try:
         if args.json:
             print(json.dumps(result.summary() | {"audit_db": _audit_path(args)}, indent=2))
@@ -228,7 +246,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a reader gone shows here, not as a traceback at exit
     except BrokenPipeError:
         _stdout_gone()
-    return EXIT_EARNED if result.earned else EXIT_NOT_EARNED
 
 
 def _stdout_gone() -> None:

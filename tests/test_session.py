@@ -1,0 +1,97 @@
+"""The supervised session: a tool-calling agent's own loop, judged, executed, recorded
+and bounded like any run; the belief policy for agents that send no belief."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from cmbs_async import (
+    Gate,
+    Messages,
+    ObservationOwed,
+    Outcome,
+    ScenarioSpec,
+    Session,
+    SessionEnded,
+    Verdict,
+    load_profile,
+    replay,
+)
+from cmbs_async.audit import SQLiteAuditStore
+from cmbs_async.demo import demo_scenario
+from executors import NullExecutor
+
+from .helpers import processes_with, step, unique_seconds
+
+pytestmark = pytest.mark.anyio
+
+SCRIPT = (
+    "if grep -Eiq '^X11Forwarding[[:space:]]+yes' \"$1\"; then echo false; else echo true; fi\n"
+)
+
+
+async def test_an_honest_tool_caller_earns_termination_and_a_premature_claim_is_refused(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteAuditStore(tmp_path / "audit.db", key=Ed25519PrivateKey.generate())
+    async with Session(demo_scenario(), audit=store) as session:
+        early = await session.step("declare_posture", {"posture": "compliant"})
+        assert early.verdict is Verdict.BLOCK
+        assert early.message == Messages.POSTURE_WITHOUT_EVIDENCE and early.observation is None
+        wrote = await session.step("generate_script", {"path": "check.sh", "content": SCRIPT})
+        assert wrote.verdict is Verdict.ALLOW and wrote.observation is not None
+        assert wrote.observation.kind == "artifact" and wrote.observation.success
+        checked = await session.step("check_status", {"command": "sh check.sh sshd_config"})
+        assert checked.observation is not None and checked.observation.stdout.text == "false\n"
+        assert checked.masks is not None and checked.masks.evidence == "successful"
+        declared = await session.step("declare_posture", {"posture": "non_compliant"})
+        assert declared.verdict is Verdict.ALLOW and not declared.ended
+        done = await session.step("terminate")
+        assert done.verdict is Verdict.TERMINATE and done.ended
+        with pytest.raises(SessionEnded, match="terminated"):
+            await session.step("check_status", {"command": "true"})
+    result = session.result
+    assert result is not None and result.outcome is Outcome.TERMINATED
+    assert result.posture == "non_compliant" and result.steps == 5
+    assert result.session_id is not None and replay(store, result.session_id).identical
+    store.close()
+
+
+async def test_termination_before_a_posture_is_refused() -> None:
+    async with Session(demo_scenario(), executor=NullExecutor()) as session:
+        reply = await session.step("terminate")
+        assert reply.verdict is Verdict.BLOCK and reply.message == Messages.TERMINATION_BLOCKED
+    assert session.result is not None and session.result.outcome is Outcome.AGENT_FINISHED
+
+
+async def test_the_deadline_ends_the_session_and_kills_what_runs() -> None:
+    marker = unique_seconds()
+    spec = ScenarioSpec(id="slow", goal="g")
+    async with Session(spec, deadline=1.5) as session:
+        reply = await session.step("check_status", {"command": f"sleep {marker}"})
+        assert reply.ended and reply.result is not None
+        assert reply.result.outcome is Outcome.DEADLINE_EXCEEDED
+        assert reply.result.trace[-1].observed == "killed: the run ended while it ran"
+        with pytest.raises(SessionEnded):
+            await session.step("terminate")
+    assert processes_with(marker) == []
+
+
+async def test_an_exception_in_the_callers_loop_cancels_the_run() -> None:
+    session = Session(ScenarioSpec(id="broken", goal="g", deadline_s=600))
+    with pytest.raises(ZeroDivisionError):
+        async with session:
+            await session.step("check_status", {"command": "true"})
+            1 / 0  # noqa: B018 - the caller's own bug
+    assert session.result is not None and session.result.outcome is Outcome.CANCELLED
+    assert session.result.steps == 1
+
+
+def test_deciding_while_an_observation_is_owed_is_an_error() -> None:
+    gate = Gate(load_profile("ciso"))
+    assert gate.decide(step("check_status", {"command": "true"})).needs_execution
+    with pytest.raises(ObservationOwed, match="pass what running it observed to observe"):
+        gate.decide(step("terminate"))
