@@ -1,4 +1,5 @@
-"""CI: the plain install (``pip install .``, no extras) runs the demo and a run over SSH.
+"""CI: the plain install (``pip install .``, no extras) runs the demo and a run over SSH,
+and ``cmbs mcp`` says in one line which extra it needs.
 
 Usage: ``python .ci/plain_install.py PATH/TO/cmbs`` with that venv's ``cmbs``.
 """
@@ -38,7 +39,11 @@ def main() -> None:
         assert run.returncode == 3, run.stdout + run.stderr
         observed = json.loads(run.stdout)["trace"][0]
         assert observed["stdout"] == "hello over ssh\n", observed
-    print("plain install: demo and an SSH run work")
+        served = subprocess.run(
+            [cmbs, "mcp", str(scenario)], capture_output=True, text=True, stdin=subprocess.DEVNULL
+        )
+        assert served.returncode == 2 and "pip install 'cmbs-async[mcp]'" in served.stderr, served
+    print("plain install: demo and an SSH run work; cmbs mcp says what it needs")
 
 
 if __name__ == "__main__":

@@ -110,10 +110,11 @@ class ScenarioSpec(BaseModel):
         return _VAR.sub(fill, text)
 
 
-def load_scenario(path: str | Path) -> ScenarioSpec:
+def load_scenario(path: str | Path, *, vars: Mapping[str, str] | None = None) -> ScenarioSpec:
     """Read a scenario file (``.json``, otherwise YAML); errors are one-line ScenarioErrors.
 
-    A profile named by a relative path is looked for beside the scenario file.
+    A profile named by a relative path is looked for beside the scenario file; ``vars``
+    set declared vars, as ``--var`` does.
     """
     path = Path(path)
     try:
@@ -136,7 +137,7 @@ def load_scenario(path: str | Path) -> ScenarioSpec:
         raise ScenarioError(f"{path}: {validation_reason(exc)}") from exc
     if spec.profile not in builtin_profiles():  # a file: beside the scenario, if relative
         spec = spec.model_copy(update={"profile": str(path.parent / spec.profile)})
-    return spec
+    return spec.with_vars(vars) if vars else spec
 
 
 def _format(path: Path) -> str:

@@ -113,6 +113,7 @@ class Session:
         session_id: str | None = None,
     ) -> None:
         self.profile = profile or load_profile(spec.profile)
+        self.goal = spec.rendered_goal()
         self._run = partial(
             run_scenario,
             spec,
@@ -134,6 +135,10 @@ class Session:
     @property
     def result(self) -> ScenarioResult | None:
         return self._handle.result
+
+    async def wait(self) -> ScenarioResult:
+        """Wait until the session's run has ended (terminated, deadline, step budget)."""
+        return await self._handle.wait()
 
     async def __aenter__(self) -> Session:
         group = await self._stack.enter_async_context(anyio.create_task_group())

@@ -26,11 +26,14 @@ from ..agents import Agent
 from ..audit import SQLiteAuditStore, default_data_dir, load_or_create_key
 from ..demo import demo_agent, demo_scenario
 from ..handle import RunHandle
+from ..mcp_server import serve_stdio
 from ..profile import builtin_profiles, load_profile
+from ..protocol import Turn
 from ..result import ScenarioResult
 from ..review import ConsoleHuman, OpenAIReviewer, Review, load_config
 from ..runtime import run_scenario
 from ..scenario import ScenarioSpec, load_scenario
+from ..session import Session
 from .audit import add_audit_commands, run_audit_command, write_checkpoint
 from .batch import add_batch_command, run_batch_command
 from .logs import LEVELS, logging_to_stderr
@@ -137,36 +140,50 @@ def _parser() -> argparse.ArgumentParser:
         "demo", parents=[common, recorded], help="run the built-in scenario with a scripted agent"
     )
     add_sandbox_option(demo)
-    run = sub.add_parser("run", parents=[common, recorded], help="run a scenario file")
-    run.add_argument("scenario", help="scenario file (YAML or JSON)")
+    scenario = _Parser(add_help=False)  # what `run` and `mcp` share: a scenario, where
+    scenario.add_argument("scenario", help="scenario file (YAML or JSON)")
+    scenario.add_argument(
+        "--var", action="append", default=[], help="NAME=VALUE: set a scenario var"
+    )
+    scenario.add_argument(
+        "--executor",
+        help="local (default) or ssh://USER@HOST[:PORT] (default: the scenario's host)",
+    )
+    scenario.add_argument("--identity", action="append", default=[], help="SSH private key file")
+    scenario.add_argument("--known-hosts", help="known_hosts file (default: the user's)")
+    scenario.add_argument("--host-key", help="pin the host's public key ('ssh-ed25519 AAAA...')")
+    scenario.add_argument(
+        "--insecure-no-host-key-check",
+        action="store_true",
+        help="do not verify the SSH host key (logs a warning)",
+    )
+    add_sandbox_option(scenario)
+    scenario.add_argument("--deadline", type=_positive(float), help="seconds (overrides the file)")
+    scenario.add_argument(
+        "--max-steps", type=_positive(int), help="step budget (overrides the file)"
+    )
+    scenario.add_argument("--workdir", help="run in this directory and keep it")
+
+    run = sub.add_parser("run", parents=[common, recorded, scenario], help="run a scenario file")
     run.add_argument(
         "--agent",
         required=True,
         help="script:STEPS.jsonl | stdio:COMMAND | openai:MODEL@BASE_URL",
     )
-    run.add_argument("--var", action="append", default=[], help="NAME=VALUE: set a scenario var")
-    run.add_argument(
-        "--executor",
-        help="local (default) or ssh://USER@HOST[:PORT] (default: the scenario's host)",
-    )
-    run.add_argument("--identity", action="append", default=[], help="SSH private key file")
-    run.add_argument("--known-hosts", help="known_hosts file (default: the user's)")
-    run.add_argument("--host-key", help="pin the host's public key ('ssh-ed25519 AAAA...')")
-    run.add_argument(
-        "--insecure-no-host-key-check",
-        action="store_true",
-        help="do not verify the SSH host key (logs a warning)",
-    )
-    add_sandbox_option(run)
-    run.add_argument("--deadline", type=_positive(float), help="seconds (overrides the file)")
-    run.add_argument("--max-steps", type=_positive(int), help="step budget (overrides the file)")
-    run.add_argument("--workdir", help="run in this directory and keep it")
     run.add_argument("--config", help="TOML file with a [supervision] table: turns review on")
     run.add_argument(
         "--human", choices=("none", "console"), default="none", help="who answers a PAUSE"
     )
+    sub.add_parser(
+        "mcp",
+        parents=[_common(("asyncio", "trio")), recorded, scenario],
+        help="serve a scenario's actions as MCP tools over stdio, every call supervised",
+    )
     schema = sub.add_parser("schema", help="print the JSON Schema of an agent step")
     schema.add_argument("--profile", default="ciso", help=f"one of {builtin_profiles()} or a file")
+    schema.add_argument(
+        "--turn", action="store_true", help="the schema of a turn (what an agent is sent) instead"
+    )
     add_audit_commands(sub)
     add_batch_command(sub, _common(("asyncio", "trio", "ray")))
     return parser
@@ -192,13 +209,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check_backend(getattr(args, "backend", "asyncio"))
         if args.command == "schema":
-            print(json.dumps(load_profile(args.profile).step_json_schema(), indent=2))
+            schema = Turn.model_json_schema() if args.turn else None
+            print(json.dumps(schema or load_profile(args.profile).step_json_schema(), indent=2))
             return 0
         if args.command in ("audit", "replay"):
             return run_audit_command(args)
         with logging_to_stderr(args.log_level, args.log_format):
             if args.command == "batch":
                 return run_batch_command(args)
+            if args.command == "mcp":
+                return _serve_mcp(args)
             spec, agent, executor, options = _prepare(args)
             store = _audit_store(args)
             handle = RunHandle()
@@ -284,6 +304,22 @@ def _prepare(
 ) -> tuple[ScenarioSpec, Agent, Executor, dict[str, Any]]:
     if args.command == "demo":
         return demo_scenario(), demo_agent(), executor_from_spec("local", **_containment(args)), {}
+    spec, overrides = _scenario(args)
+    profile = overrides["profile"]
+    if args.config:
+        config = load_config(args.config)
+        if not config.base_url:
+            raise UsageError(f"{args.config}: supervision.base_url is needed for the reviewer")
+        human = ConsoleHuman() if args.human == "console" else None
+        overrides["review"] = Review(reviewer=OpenAIReviewer(config), config=config, human=human)
+    elif args.human != "none":
+        raise UsageError("--human needs --config (a review layer to pause)")
+    executor = _executor(args, spec)
+    return spec, agent_from_spec(args.agent, profile=profile), executor, overrides
+
+
+def _scenario(args: argparse.Namespace) -> tuple[ScenarioSpec, dict[str, Any]]:
+    """The scenario file with the command line's vars and workdir, and run options."""
     spec = load_scenario(args.scenario)
     profile = load_profile(spec.profile)  # an unknown profile is the user's mistake: say so now
     if args.workdir:
@@ -296,23 +332,14 @@ def _prepare(
                 raise UsageError(f"--var {item!r}: expected NAME=VALUE")
             given[name] = value
         spec = spec.with_vars(given)
-    overrides: dict[str, Any] = {
-        "deadline": args.deadline,
-        "max_steps": args.max_steps,
-        "profile": profile,
-    }
-    if args.config:
-        config = load_config(args.config)
-        if not config.base_url:
-            raise UsageError(f"{args.config}: supervision.base_url is needed for the reviewer")
-        human = ConsoleHuman() if args.human == "console" else None
-        overrides["review"] = Review(reviewer=OpenAIReviewer(config), config=config, human=human)
-    elif args.human != "none":
-        raise UsageError("--human needs --config (a review layer to pause)")
+    return spec, {"deadline": args.deadline, "max_steps": args.max_steps, "profile": profile}
+
+
+def _executor(args: argparse.Namespace, spec: ScenarioSpec) -> Executor:
     where = args.executor or spec.host or "local"
     if where.startswith("ssh://") and args.backend != "asyncio":
         raise UsageError("the SSH executor needs --backend asyncio (asyncssh does not run on trio)")
-    executor = executor_from_spec(
+    return executor_from_spec(
         where,
         **_containment(args),
         identities=args.identity,
@@ -320,7 +347,35 @@ def _prepare(
         host_key=args.host_key or spec.host_key,
         insecure=args.insecure_no_host_key_check,
     )
-    return spec, agent_from_spec(args.agent, profile=profile), executor, overrides
+
+
+def _serve_mcp(args: argparse.Namespace) -> int:
+    """``cmbs mcp``: stdout is the MCP channel; the result goes to stderr, one line."""
+    if importlib.util.find_spec("mcp") is None:
+        raise UsageError("cmbs mcp needs the MCP SDK: pip install 'cmbs-async[mcp]'")
+    spec, options = _scenario(args)
+    executor = _executor(args, spec)
+    store = _audit_store(args)
+
+    async def serve() -> ScenarioResult | None:
+        async with executor, Session(spec, executor=executor, audit=store, **options) as session:
+            await cancel_on_signals(partial(serve_stdio, session))
+        return session.result
+
+    try:
+        result = anyio.run(serve, backend=args.backend)
+        if store is not None and args.head_out:
+            write_checkpoint(store, args.head_out)
+    finally:
+        if store is not None:
+            store.close()
+    if result is not None:
+        print(
+            f"cmbs mcp: session {result.session_id}: {result.outcome.value} after "
+            f"{result.steps} step(s)",
+            file=sys.stderr,
+        )
+    return EXIT_EARNED if result is not None and result.earned else EXIT_NOT_EARNED
 
 
 async def _run(
