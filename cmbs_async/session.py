@@ -131,6 +131,7 @@ class Session:
         self._steps, self._steps_recv = anyio.create_memory_object_stream[dict[str, Any]](1)
         self._stack = AsyncExitStack()
         self._declared = "unknown"
+        self._one_at_a_time: anyio.Lock | None = None
 
     @property
     def result(self) -> ScenarioResult | None:
@@ -173,24 +174,39 @@ class Session:
         belief: Belief | dict[str, Any] | None = None,
     ) -> StepReply:
         """Propose ``action`` with ``payload``; return once it was judged and, if allowed,
-        executed. Raises :class:`SessionEnded` once the run is over."""
-        if self._handle.result is not None:
-            raise SessionEnded(self._handle.result)
-        claimed = self._belief(action, payload or {}) if belief is None else belief
+        executed. Raises :class:`SessionEnded` once the run is over. Steps called at once
+        (a model's parallel tool calls) are taken one at a time, in turn; a step cancelled
+        half-way (the caller's timeout) cancels the session's run."""
+        if self._handle.result is not None or self._handle.cancel_called:
+            raise SessionEnded(await self._handle.wait())
+        if self._one_at_a_time is None:
+            self._one_at_a_time = anyio.Lock()
+        async with self._one_at_a_time:  # tool calls made in parallel are taken in turn
+            if self._handle.result is not None or self._handle.cancel_called:
+                raise SessionEnded(await self._handle.wait())
+            return await self._step(action, payload or {}, belief)
+
+    async def _step(
+        self, action: str, payload: dict[str, Any], belief: Belief | dict[str, Any] | None
+    ) -> StepReply:
+        claimed = self._belief(action, payload) if belief is None else belief
         if isinstance(claimed, Belief):
             claimed = claimed.model_dump(mode="json")
         try:
             await self._steps.send(
-                {"belief": claimed, "action": {"type": action, "payload": payload or {}}}
+                {"belief": claimed, "action": {"type": action, "payload": payload}}
             )
             turn = await self._turns.receive()
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
             return self._final(await self._handle.wait())
+        except anyio.get_cancelled_exc_class():  # its reply would answer the next step:
+            self._handle.cancel()  # a step cancelled half-way ends the session
+            raise
         response = turn.response
         assert response is not None  # every turn after the first answers a step
         kind = self._kind(action)
         if kind is ActionKind.DECLARE_POSTURE and response.verdict is Verdict.ALLOW:
-            self._declared = str((payload or {}).get("posture", "unknown"))
+            self._declared = str(payload.get("posture", "unknown"))
         ran = response.verdict is Verdict.ALLOW and kind in (
             ActionKind.RUN_COMMAND,
             ActionKind.WRITE_ARTIFACT,

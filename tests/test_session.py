@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -88,6 +89,28 @@ async def test_an_exception_in_the_callers_loop_cancels_the_run() -> None:
             1 / 0  # noqa: B018 - the caller's own bug
     assert session.result is not None and session.result.outcome is Outcome.CANCELLED
     assert session.result.steps == 1
+
+
+async def test_parallel_steps_are_taken_in_turn_and_a_cancelled_one_ends_the_session() -> None:
+    marker = unique_seconds()
+    replies = {}
+    async with Session(ScenarioSpec(id="busy", goal="g", deadline_s=600)) as session:
+
+        async def call(word: str) -> None:
+            replies[word] = await session.step("check_status", {"command": f"echo {word}"})
+
+        async with anyio.create_task_group() as tg:
+            for word in ("one", "two", "three"):
+                tg.start_soon(call, word)
+        for word, reply in replies.items():
+            assert reply.observation is not None
+            assert reply.observation.stdout.text == f"{word}\n"
+        with anyio.move_on_after(1):
+            await session.step("check_status", {"command": f"sleep {marker}"})
+        with pytest.raises(SessionEnded, match="cancelled"):
+            await session.step("terminate")
+    assert session.result is not None and session.result.steps == 4
+    assert processes_with(marker) == []
 
 
 def test_deciding_while_an_observation_is_owed_is_an_error() -> None:
