@@ -218,8 +218,26 @@ async def run_scenario(
     with bound_contextvars(scenario_id=spec.id), anyio.CancelScope() as own:
         handle.attach(own)
         return await _run(options, agent, started, handle)
-    assert handle.result is not None  # here only when cancelled through the handle
+    if handle.result is None:  # cancelled through the handle before the run got going
+        handle.finished(_unstarted(options, anyio.current_time() - started))
+    assert handle.result is not None
     return handle.result
+
+
+def _unstarted(options: _Options, duration: float) -> ScenarioResult:
+    """The result of a run cancelled while its audit trail was still opening."""
+    return ScenarioResult(
+        scenario_id=options.spec.id,
+        outcome=Outcome.CANCELLED,
+        posture=None,
+        steps=0,
+        verdicts={verdict.value.lower(): 0 for verdict in Verdict},
+        duration_s=duration,
+        trace=[],
+        reason="cancelled before its first step",
+        masks=Gate(options.profile).masks_view,
+        session_id=options.session_id,
+    )
 
 
 async def _run(

@@ -84,6 +84,14 @@ async def test_a_handle_cancelled_before_the_run_starts_stops_it_at_once() -> No
         ScenarioSpec(id="early", goal="g"), agent=_agent(unique_seconds()), handle=handle
     )
     assert result.outcome is Outcome.CANCELLED and result.trace == []
+    audited = RunHandle()  # the same while the audit trail is still being opened
+    audited.cancel()
+    store = SQLiteAuditStore(":memory:", key=Ed25519PrivateKey.generate())
+    early = await run_scenario(
+        ScenarioSpec(id="early", goal="g"), agent=_agent("1"), audit=store, handle=audited
+    )
+    assert early.outcome is Outcome.CANCELLED and early.steps == 0
+    store.close()
     with pytest.raises(RuntimeError, match="one run"):
         await run_scenario(ScenarioSpec(id="again", goal="g"), agent=_agent("1"), handle=handle)
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .store import AuditError, AuditStore, Entry
@@ -65,13 +64,17 @@ async def open_audit_writer(
     If the session cannot be opened, every write fails with the reason.
     """
     send, receive = anyio.create_memory_object_stream[_Batch](16)
+    scopes: list[anyio.CancelScope] = []  # the sink's, once it runs
     async with anyio.create_task_group() as tg:
-        sink: anyio.CancelScope = await tg.start(_sink, store, session_id, session_data, receive)
+        # start_soon, not start: a start() cancelled half-way would wait for the sink,
+        # which would wait for batches that never come
+        tg.start_soon(_sink, store, session_id, session_data, receive, scopes)
         try:
             async with send:
                 yield AuditWriter(session_id, send)
         finally:
-            sink.cancel()  # every write has been acknowledged or given up by now
+            for scope in scopes:
+                scope.cancel()  # every write has been acknowledged or given up by now
 
 
 async def _sink(
@@ -79,13 +82,13 @@ async def _sink(
     session_id: str,
     session_data: dict[str, Any],
     batches: MemoryObjectReceiveStream[_Batch],
-    *,
-    task_status: TaskStatus[anyio.CancelScope],
+    scopes: list[anyio.CancelScope],
 ) -> None:
     # Shielded so that a run cancelled from outside can still record its end; the writer's
-    # owner cancels this scope when the run is over.
+    # owner cancels this scope when the run is over (or, if it never started, closes the
+    # stream of batches, which ends it).
     with anyio.CancelScope(shield=True) as scope:
-        task_status.started(scope)
+        scopes.append(scope)
         async with batches:
             refused = await _durably(store.open_session, session_id, session_data)
             async for batch in batches:
