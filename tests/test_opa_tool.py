@@ -64,3 +64,46 @@ def test_errors_are_one_line_and_exit_1(tmp_path: Path) -> None:
     assert done.returncode == 1 and "cmbs-opa: rego error" in done.stderr
     missing = opa(tmp_path, "-d", "none.rego", "data.check.result")
     assert missing.returncode == 1 and "no such file: none.rego" in missing.stderr
+
+
+V0 = {
+    "a rule body without if": (
+        'package check\n\ndefault result = false\n\nresult {\n  input.x11_forwarding == "no"\n}\n',
+        "policy.rego:5: rego_parse_error: `if` keyword is required before rule body",
+    ),
+    "a partial set without contains": (
+        'package check\n\nresult[msg] {\n  msg := "x"\n}\n',
+        "policy.rego:3: rego_parse_error: `contains` keyword is required for partial set rules",
+    ),
+}
+
+
+@pytest.mark.parametrize("form", list(V0))
+def test_rego_v0_is_refused_as_opa_1_refuses_it_unless_v0_compatible(
+    tmp_path: Path, form: str
+) -> None:
+    module, message = V0[form]
+    (tmp_path / "policy.rego").write_text(module)
+    (tmp_path / "in.json").write_text('{"x11_forwarding": "no"}')
+    query = ["-d", "policy.rego", "-i", "in.json", "--format", "raw", "data.check.result"]
+    refused = opa(tmp_path, *query)
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr == f"cmbs-opa: {message}\n"
+    accepted = opa(tmp_path, *query, "--v0-compatible")
+    assert accepted.returncode == 0 and accepted.stdout != "", accepted.stderr
+
+
+def test_v1_forms_that_look_alike_are_accepted(tmp_path: Path) -> None:
+    (tmp_path / "policy.rego").write_text(
+        "package check\n\n"
+        "# result { a comment }\n"
+        'labels := {"a": 1}\n'
+        "names := {n | some n in [\"a\", \"b\"]}\n"
+        'deny contains msg if { msg := "{" }\n'
+        "result := true if {\n  count(deny) == 1\n} else := false\n"
+    )
+    (tmp_path / "in.json").write_text("{}")
+    done = opa(
+        tmp_path, "-d", "policy.rego", "-i", "in.json", "--format", "raw", "data.check.result"
+    )
+    assert (done.returncode, done.stdout) == (0, "true\n"), done.stderr

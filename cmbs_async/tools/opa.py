@@ -1,7 +1,11 @@
 """``cmbs-opa eval``: the subset of ``opa eval`` the CISO scenarios use, on a real Rego
 engine (the PyPI package ``regopy``), for machines where no ``opa`` binary can be had.
 
-    cmbs-opa eval -d policy.rego [-d data.json] -i input.json [--format raw|json] QUERY
+    cmbs-opa eval -d policy.rego [-d data.json] -i input.json [--format raw|json]
+                  [--v0-compatible] QUERY
+
+Rego is parsed as OPA 1.x parses it: v1 only, unless ``--v0-compatible`` (v0 rule bodies
+without ``if`` and partial sets without ``contains`` are parse errors, exit 1).
 
 A reference ``data.PKG.RULE`` is answered by evaluating the package and reading the rule,
 so a rule that is ``false`` prints ``false`` (queried directly, regopy calls it
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import CmbsError
+from .rego_syntax import v0_form
 
 __all__ = ["RegoFailure", "evaluate", "main"]
 
@@ -63,6 +68,15 @@ def evaluate(query: str, *, modules: Sequence[Path], data: Sequence[Path], input
         raise RegoFailure(f"rego error: {first.strip()}") from None
 
 
+def _refuse_v0(modules: Sequence[Path]) -> None:
+    """What OPA 1.x refuses, refused the same way: its message, file and line."""
+    for module in modules:
+        found = v0_form(module.read_text("utf-8"))
+        if found is not None:
+            line, message = found
+            raise RegoFailure(f"{module}:{line}: rego_parse_error: {message}")
+
+
 def _first(output: object) -> Any:
     text = str(output)
     if text.strip() == "undefined":
@@ -79,6 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ev.add_argument("-d", "--data", action="append", default=[], help=".rego module or .json")
     ev.add_argument("-i", "--input", help="input document (JSON)")
     ev.add_argument("-f", "--format", choices=("json", "raw", "pretty"), default="json")
+    ev.add_argument(
+        "--v0-compatible",
+        action="store_true",
+        help="accept Rego v0 syntax, as OPA 1.x does with this flag (default: v1 only)",
+    )
     args = parser.parse_args(argv)
     try:
         paths = [Path(p) for p in args.data]
@@ -86,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not path.is_file():
                 raise RegoFailure(f"no such file: {path}")
         modules = [p for p in paths if p.suffix == ".rego"]
+        if not args.v0_compatible:
+            _refuse_v0(modules)
         documents = [p for p in paths if p.suffix != ".rego"]
         input_ = json.loads(Path(args.input).read_text("utf-8")) if args.input else None
         value = evaluate(args.query, modules=modules, data=documents, input_=input_)
