@@ -98,7 +98,7 @@ def test_v1_forms_that_look_alike_are_accepted(tmp_path: Path) -> None:
         "package check\n\n"
         "# result { a comment }\n"
         'labels := {"a": 1}\n'
-        "names := {n | some n in [\"a\", \"b\"]}\n"
+        'names := {n | some n in ["a", "b"]}\n'
         'deny contains msg if { msg := "{" }\n'
         "result := true if {\n  count(deny) == 1\n} else := false\n"
     )
