@@ -125,7 +125,8 @@ class Rules:
             if not masks.termination_allowed:
                 return Verdict.BLOCK, Messages.TERMINATION_BLOCKED
             return Verdict.TERMINATE, Messages.TERMINATED
-        if spec.requires is not None and masks.affordances[spec.requires] == "unavailable":
+        required = spec.required(payload.path if isinstance(payload, ArtifactPayload) else None)
+        if required is not None and masks.affordances[required] == "unavailable":
             return Verdict.BLOCK, Messages.CAPABILITY_UNAVAILABLE  # rule 3
         return Verdict.ALLOW, Messages.ALLOWED  # rule 4
 
@@ -150,6 +151,7 @@ class Gate:
         self.declared_posture: Posture | None = None
         self.last_observation: Observation | None = None
         self._awaiting: ActionSpec | None = None
+        self._required: str | None = None  # the affordance the awaited action needed
 
     @property
     def masks_view(self) -> MasksView:
@@ -199,6 +201,8 @@ class Gate:
                 self.declared_posture = payload.posture
             elif spec.kind is not ActionKind.TERMINATE:
                 self._awaiting = spec
+                path = payload.path if isinstance(payload, ArtifactPayload) else None
+                self._required = spec.required(path)
         return Decision(
             step_number=number,
             verdict=verdict,
@@ -225,7 +229,7 @@ class Gate:
         """Apply what really happened when the last allowed action ran."""
         if self._awaiting is None:
             raise RuntimeError("no allowed action is awaiting an observation")
-        self.masks.apply(self._awaiting, observation, self.profile)
+        self.masks.apply(self._awaiting, observation, self.profile, required=self._required)
         self.last_observation = observation
         self._awaiting = None
 

@@ -7,6 +7,9 @@ eliminated only by an explicit signal in a successful command's output.
 
 from __future__ import annotations
 
+import posixpath
+import re
+import shlex
 from dataclasses import dataclass, field
 
 from .profile import ActionSpec, Profile
@@ -37,6 +40,7 @@ class Masks:
         default_factory=lambda: {"compliant": True, "non_compliant": True}
     )
     posture_history: list[PostureClaim] = field(default_factory=list)
+    missing: set[str] = field(default_factory=set)  # programs observed missing (exit 127)
 
     @classmethod
     def for_profile(cls, profile: Profile) -> Masks:
@@ -66,16 +70,18 @@ class Masks:
         )
 
     # Updates (after execution, never before) -----------------------------------------
-    def apply(self, spec: ActionSpec, observation: Observation, profile: Profile) -> None:
-        """Move the masks on what ``observation`` shows about an action of kind ``spec``."""
-        if (
-            spec.requires is not None
-            and observation.kind == "command"
-            and observation.program_found is not None
-        ):
-            self.affordances[spec.requires] = (
-                "available" if observation.program_found else "unavailable"
-            )
+    def apply(
+        self,
+        spec: ActionSpec,
+        observation: Observation,
+        profile: Profile,
+        *,
+        required: str | None,
+    ) -> None:
+        """Move the masks on what ``observation`` shows about an action of kind ``spec``
+        that needed the affordance ``required`` (``spec.required(path)``)."""
+        if required is not None and observation.kind == "command":
+            self._capability(required, observation, profile.providers.get(required, ()))
         if not observation.success:
             return
         if spec.evidence_on_success is not None and (
@@ -86,6 +92,24 @@ class Masks:
             eliminated = profile.signals[name].eliminates(observation)
             if eliminated is not None:
                 self.posture_admissible[eliminated] = False
+
+    def _capability(
+        self, affordance: str, observation: Observation, providers: tuple[str, ...]
+    ) -> None:
+        """A program found makes its affordance available; one missing makes it
+        unavailable once every program that provides it was observed missing (with no
+        providers named, or no program to be told from the observation, at once)."""
+        if observation.program_found is None:
+            return
+        program = _program(observation)
+        if observation.program_found:
+            if not providers or program is None or program in providers:
+                self.affordances[affordance] = "available"
+            return
+        if program is not None:
+            self.missing.add(program)
+        if not providers or program is None or set(providers) <= self.missing:
+            self.affordances[affordance] = "unavailable"
 
     def record_claim(self, claim: PostureClaim) -> None:
         self.posture_history.append(claim)
@@ -115,3 +139,19 @@ class Masks:
             posture_stable=self.posture_stable,
             termination_allowed=self.termination_allowed,
         )
+
+
+_NOT_FOUND = re.compile(r"([^\s:]+): (?:command )?not found")
+
+
+def _program(observation: Observation) -> str | None:
+    """The program a command ran, or the one its shell could not find, as a bare name."""
+    if observation.program_found is False:
+        said = _NOT_FOUND.search(observation.stderr.text)
+        if said is not None:
+            return posixpath.basename(said.group(1))
+    try:
+        words = shlex.split(observation.command or "")
+    except ValueError:
+        return None
+    return posixpath.basename(words[0]) if words else None

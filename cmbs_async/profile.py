@@ -12,7 +12,7 @@ import json
 import re
 from functools import cache
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import yaml
@@ -40,13 +40,27 @@ class _Model(BaseModel):
 
 
 class ActionSpec(_Model):
-    """One entry of the action vocabulary."""
+    """One entry of the action vocabulary.
+
+    ``requires`` names the affordance the action needs; ``requires_for`` overrides it by
+    the suffix of the file an artifact action writes (``{".rego": "opa_eval"}``: a Rego
+    policy needs no Kubernetes; ``null``: nothing).
+    """
 
     kind: ActionKind
     requires: str | None = None
+    requires_for: dict[str, str | None] = Field(default_factory=dict)
     evidence_on_success: EvidenceState | None = None
     posture_signals: tuple[str, ...] = ()
     description: str = ""
+
+    def required(self, path: str | None = None) -> str | None:
+        """The affordance the action needs, writing ``path`` if it writes one."""
+        if path is not None and self.requires_for:
+            suffix = PurePosixPath(path).suffix
+            if suffix in self.requires_for:
+                return self.requires_for[suffix]
+        return self.requires
 
 
 class PostureSignal(_Model):
@@ -95,6 +109,9 @@ class Profile(_Model):
     stability_window: int = Field(default=2, ge=1)
     actions: dict[str, ActionSpec]
     signals: dict[str, PostureSignal] = Field(default_factory=dict)
+    #: the programs that provide each affordance: one observed missing (exit 127) closes
+    #: the affordance only once every program that provides it was observed missing
+    providers: dict[str, tuple[str, ...]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check_references(self) -> Profile:
@@ -103,11 +120,15 @@ class Profile(_Model):
             if needed not in kinds:
                 raise ValueError(f"the vocabulary has no action of kind {needed.value}")
         for name, spec in self.actions.items():
-            if spec.requires is not None and spec.requires not in self.affordances:
-                raise ValueError(f"action {name} requires unknown affordance {spec.requires}")
+            for wanted in (spec.requires, *spec.requires_for.values()):
+                if wanted is not None and wanted not in self.affordances:
+                    raise ValueError(f"action {name} requires unknown affordance {wanted}")
             for signal in spec.posture_signals:
                 if signal not in self.signals:
                     raise ValueError(f"action {name} names unknown signal {signal}")
+        for affordance in self.providers:
+            if affordance not in self.affordances:
+                raise ValueError(f"providers name unknown affordance {affordance}")
         return self
 
     def step_json_schema(self) -> dict[str, Any]:

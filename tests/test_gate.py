@@ -303,8 +303,10 @@ def test_gate_invariants_hold_for_any_sequence(sequence: list[tuple[object, Obse
         if decision.verdict in (Verdict.ALLOW, Verdict.TERMINATE) and spec is not None:
             if spec.kind == "declare_posture":
                 assert before.evidence == "successful"
-            if spec.requires is not None:
-                assert before.affordances[spec.requires] != "unavailable"
+            path = getattr(decision.payload, "path", None)
+            required = spec.required(path)
+            if required is not None:
+                assert before.affordances[required] != "unavailable"
         if decision.verdict is Verdict.TERMINATE:
             assert before.evidence == "successful"
             assert sum(before.posture_admissible.values()) == 1

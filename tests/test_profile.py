@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cmbs_async import Gate, Observation, Output, ProfileError, load_profile
+from cmbs_async import Gate, Observation, Output, ProfileError, Verdict, load_profile
 from executors import LocalExecutor
 
 from .helpers import step
@@ -73,16 +73,53 @@ def test_kubectl_without_a_cluster_is_available_but_proves_nothing(data: Path) -
 
 
 @pytest.mark.anyio
-async def test_a_missing_program_is_observed_unavailable(tmp_path: Path) -> None:
-    observation = await LocalExecutor().run_command(
-        str(tmp_path), "cmbs-no-such-opa eval -d p.rego 'data.check.result'", timeout=10
+async def test_a_missing_program_closes_a_capability_only_when_all_its_programs_are(
+    tmp_path: Path,
+) -> None:
+    """One provider missing (exit 127) leaves the others; all missing closes it."""
+    profile = CISO.model_copy(
+        update={"providers": {**CISO.providers, "opa_eval": ("cmbs-no-such-opa", "cmbs-opa")}}
     )
-    assert observation.exit_status == 127
-    assert "not found" in observation.stderr.text
+    gate, executor = Gate(profile), LocalExecutor()
+
+    async def run(command: str) -> Observation:
+        assert gate.decide(step("execute_opa", {"command": command})).needs_execution
+        observation = await executor.run_command(str(tmp_path), command, timeout=30)
+        gate.observe(observation)
+        return observation
+
+    missing = await run("cmbs-no-such-opa eval -d p.rego 'data.check.result'")
+    assert missing.exit_status == 127 and "not found" in missing.stderr.text
+    assert gate.masks.affordances["opa_eval"] == "unknown"  # cmbs-opa may still be there
+    found = await run("cmbs-opa eval --help")
+    assert found.exit_status == 0 and gate.masks.affordances["opa_eval"] == "available"
+
+    alone = Gate(profile.model_copy(update={"providers": {"opa_eval": ("cmbs-no-such-opa",)}}))
+    assert alone.decide(step("execute_opa", {"command": "cmbs-no-such-opa x"})).needs_execution
+    alone.observe(missing)
+    assert alone.masks.affordances["opa_eval"] == "unavailable"
+    blocked = alone.decide(step("execute_opa", {"command": "cmbs-opa eval x"}))
+    assert blocked.verdict is Verdict.BLOCK
+
+
+def test_a_rego_policy_needs_no_kubernetes() -> None:
     gate = Gate(CISO)
-    gate.decide(step("execute_opa", {"command": observation.command or ""}))
-    gate.observe(observation)
-    assert gate.masks.affordances["opa_eval"] == "unavailable"
+    assert gate.decide(step("execute_kubectl", {"command": "kubectl get po"})).needs_execution
+    gate.observe(
+        Observation(
+            kind="command",
+            command="kubectl get po",
+            success=False,
+            exit_status=127,
+            program_found=False,
+            stderr=Output(head="sh: 1: kubectl: not found\n"),
+        )
+    )
+    assert gate.masks.affordances["k8s_policy"] == "unavailable"
+    kyverno = gate.decide(step("generate_policy", {"path": "policy.yaml", "content": "x"}))
+    assert kyverno.verdict is Verdict.BLOCK
+    rego = gate.decide(step("generate_policy", {"path": "policy.rego", "content": "x"}))
+    assert rego.verdict is Verdict.ALLOW
 
 
 def test_profile_from_a_file_and_its_errors(tmp_path: Path) -> None:

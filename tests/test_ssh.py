@@ -126,7 +126,8 @@ async def test_a_missing_program_is_unavailable_over_ssh(executor: SSHExecutor) 
     assert observation.exit_status == 127 and observation.program_found is False
     assert "not found" in observation.stderr.text
     assert "cmbs-pgid" not in observation.stderr.text
-    gate = Gate(load_profile("ciso"))
+    profile = load_profile("ciso")  # with the missing program as the only provider
+    gate = Gate(profile.model_copy(update={"providers": {"opa_eval": ("cmbs-no-such-opa",)}}))
     gate.decide(step("execute_opa", {"command": "cmbs-no-such-opa eval x"}))
     gate.observe(observation)
     assert gate.masks.affordances["opa_eval"] == "unavailable"
