@@ -36,6 +36,7 @@ if typing.TYPE_CHECKING:
     from .batch import BatchError
     from .gate import Decision, Gate, Messages, ObservationOwed, Payload, Rules
     from .handle import RunHandle
+    from .itbench import ItbenchError
     from .masks import Masks
     from .profile import (
         ActionSpec,
@@ -104,6 +105,7 @@ __all__ = [
     "Decision",
     "ExecutorError",
     "Gate",
+    "ItbenchError",
     "Masks",
     "MasksView",
     "Messages",
@@ -177,6 +179,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "Payload",
         "Rules",
     ),
+    "itbench": ("ItbenchError",),
     "masks": ("Masks",),
     "profile": (
         "ActionSpec",

@@ -26,6 +26,7 @@ class Events:
     REVIEW_VERDICT = "review.verdict"
     EXEC_REQUESTED = "exec.requested"  # supervisor -> executor
     EXEC_OBSERVED = "exec.observed"  # executor -> supervisor
+    EVIDENCE_REFUSED = "evidence.refused"  # a posture signal from no admitted evaluator
     EXECUTOR_FAILED = "executor.failed"
     AUDIT_END_NOT_RECORDED = "audit.end_not_recorded"
 

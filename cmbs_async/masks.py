@@ -2,7 +2,8 @@
 
 Masks move only on what an executor observed, after the fact: evidence never moves
 backwards, an affordance is set only by a command that needed it, a posture is
-eliminated only by an explicit signal in a successful command's output.
+eliminated only by an explicit signal in the output of a successful evaluator the
+profile names, run as a plain command over input the agent did not write.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .protocol import (
     Observation,
     PostureClaim,
 )
+from .provenance import written_path
 
 __all__ = ["Masks"]
 
@@ -41,6 +43,9 @@ class Masks:
     )
     posture_history: list[PostureClaim] = field(default_factory=list)
     missing: set[str] = field(default_factory=set)  # programs observed missing (exit 127)
+    written: set[str] = field(default_factory=set)  # workdir files the agent's write actions made
+    #: why the last observation's output, which a signal matched, moved no posture
+    refused: str | None = None
 
     @classmethod
     def for_profile(cls, profile: Profile) -> Masks:
@@ -80,17 +85,26 @@ class Masks:
     ) -> None:
         """Move the masks on what ``observation`` shows about an action of kind ``spec``
         that needed the affordance ``required`` (``spec.required(path)``)."""
+        self.refused = None
         if required is not None and observation.kind == "command":
             self._capability(required, observation, profile.providers.get(required, ()))
         if not observation.success:
             return
+        if observation.kind == "artifact" and observation.path:
+            self.written.add(written_path(observation.path))
         if spec.evidence_on_success is not None and (
             EVIDENCE_ORDER[spec.evidence_on_success] > EVIDENCE_ORDER[self.evidence]
         ):
             self.evidence = spec.evidence_on_success
         for name in spec.posture_signals:
-            eliminated = profile.signals[name].eliminates(observation)
-            if eliminated is not None:
+            signal = profile.signals[name]
+            eliminated = signal.eliminates(observation)
+            if eliminated is None:
+                continue
+            refused = signal.refusal(observation, self.written)
+            if refused is not None:
+                self.refused = f"{name}: {refused}"
+            else:
                 self.posture_admissible[eliminated] = False
 
     def _capability(

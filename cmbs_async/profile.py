@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from functools import cache
 from importlib import resources
 from pathlib import Path, PurePosixPath
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ._errors import CmbsError, one_line, validation_reason
 from .protocol import PAYLOAD_MODELS, ActionKind, AgentStep, EvidenceState, Observation
+from .provenance import evaluator_refusal
 
 __all__ = [
     "ActionSpec",
@@ -69,11 +71,26 @@ class PostureSignal(_Model):
     A line matching ``violation`` makes ``compliant`` inadmissible. Otherwise a line
     matching ``no_violation`` makes ``non_compliant`` inadmissible. No match: nothing
     changes (absence of evidence eliminates nothing).
+
+    ``programs`` names the evaluators whose output may carry the signal: then only such a
+    program, run as a plain command (its first word, no shell composition) over no input
+    file the agent wrote (the values of ``input_options``), moves a posture. Empty: any
+    command's output may.
     """
 
     stream: Literal["stdout", "stderr", "both"] = "stdout"
     violation: tuple[re.Pattern[str], ...] = ()
     no_violation: tuple[re.Pattern[str], ...] = ()
+    programs: tuple[str, ...] = ()
+    input_options: tuple[str, ...] = ()
+
+    @field_validator("programs")
+    @classmethod
+    def _bare_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not name or "/" in name or name != name.strip():
+                raise ValueError(f"an evaluator is a bare program name, not {name!r}")
+        return value
 
     @field_validator("violation", "no_violation", mode="before")
     @classmethod
@@ -85,8 +102,17 @@ class PostureSignal(_Model):
         except re.error as exc:
             raise ValueError(f"invalid pattern: {exc}") from exc
 
+    def refusal(self, observation: Observation, written: Collection[str]) -> str | None:
+        """Why ``observation`` may not carry this signal, or ``None`` (see the class)."""
+        return evaluator_refusal(
+            observation.command,
+            programs=self.programs,
+            input_options=self.input_options,
+            written=written,
+        )
+
     def eliminates(self, observation: Observation) -> Literal["compliant", "non_compliant"] | None:
-        """The posture this observation rules out, if any."""
+        """The posture this observation's output rules out, if any."""
         if self.stream == "stdout":
             text = observation.stdout.text
         elif self.stream == "stderr":

@@ -528,6 +528,8 @@ async def _execute(run: _Run, decision: Decision, executor: _ExecutorLink) -> Ob
     )
     await run.trail.observation(decision.step_number, reply)
     run.gate.observe(reply)
+    if run.gate.masks.refused is not None:
+        run.log.info(Events.EVIDENCE_REFUSED, reason=run.gate.masks.refused)
     run.review.executed(decision, reply)
     return reply
 

@@ -40,7 +40,8 @@ class ScenarioSpec(BaseModel):
     in ``pass_env`` (``KUBECONFIG``, say); ``network: none`` cuts sandboxed commands off
     the network; ``readable`` lists host paths a sandboxed command may read although they
     lie in a hidden place (the operator's home, the private ``/tmp``): an SSH key for the
-    target host, say.
+    target host, say. A leading ``~/`` in an ``env`` value or a ``readable`` path is the
+    operator's home.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -96,7 +97,7 @@ class ScenarioSpec(BaseModel):
     def command_env(self) -> CommandEnv:
         """What the executor gives every command of this scenario besides the allow-list."""
         return CommandEnv(
-            values={name: self._render(value) for name, value in self.env.items()},
+            values={name: _home(self._render(value)) for name, value in self.env.items()},
             pass_env=self.pass_env,
             network=self.network == "on",
             readable=tuple(os.path.expanduser(self._render(path)) for path in self.readable),
@@ -108,6 +109,11 @@ class ScenarioSpec(BaseModel):
             return str(self.vars[name]) if name in self.vars else match.group(0)
 
         return _VAR.sub(fill, text)
+
+
+def _home(text: str) -> str:
+    """A leading ``~/`` is the operator's home (a command's own ``HOME`` is elsewhere)."""
+    return os.path.expanduser(text) if text.startswith("~/") else text
 
 
 def load_scenario(path: str | Path, *, vars: Mapping[str, str] | None = None) -> ScenarioSpec:

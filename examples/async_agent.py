@@ -16,19 +16,22 @@ from cmbs_async import CallableAgent, ScenarioSpec, Turn, run_scenario
 
 SPEC = ScenarioSpec(
     id="root-login",
-    goal="Is root login over SSH disabled in sshd_config?",
-    files={"sshd_config": "PermitRootLogin yes\n"},
+    goal="Is root login over SSH disabled? The host's setting is in collected_data.json.",
+    files={"collected_data.json": '{"permit_root_login": "yes"}\n'},
     deadline_s=20,
 )
+POLICY = 'package check\n\ndefault result := false\n\nresult if input.permit_root_login == "no"\n'
+EVALUATE = "cmbs-opa eval -d policy.rego -i collected_data.json --format raw data.check.result"
 
 
 async def agent(turn: Turn) -> str | None:
     """A tiny agent that reads the masks it is shown and never claims beyond them."""
     masks = turn.response.masks if turn.response else None
     belief = {"evidence": masks.evidence if masks else "none", "posture": "unknown"}
-    if masks is None or masks.evidence != "successful":
-        command = "grep -q '^PermitRootLogin no' sshd_config && echo true || echo false"
-        action = {"type": "check_status", "payload": {"command": command}}
+    if masks is None or masks.evidence == "none":
+        action = {"type": "generate_policy", "payload": {"path": "policy.rego", "content": POLICY}}
+    elif masks.evidence != "successful":
+        action = {"type": "execute_opa", "payload": {"command": EVALUATE}}
     else:
         admissible = [p for p, ok in masks.posture_admissible.items() if ok]
         belief["posture"] = admissible[0]

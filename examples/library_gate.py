@@ -2,17 +2,17 @@
 
 Run it: ``python examples/library_gate.py``. Your loop proposes steps, the gate judges
 each one, you execute what it allows (here with the local executor) and feed back what
-really happened.
+really happened. The posture moves only on an evaluator the profile names (cmbs-opa here),
+run over input the agent did not write.
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
 
 import anyio
 
-from cmbs_async import CommandPayload, Gate, Verdict, load_profile
+from cmbs_async import ArtifactPayload, CommandPayload, Gate, Verdict, load_profile
 from executors import LocalExecutor
 
 
@@ -21,15 +21,13 @@ def proposal(action: str, payload: dict[str, str], posture: str, evidence: str) 
     return json.dumps({"belief": belief, "action": {"type": action, "payload": payload}})
 
 
+POLICY = 'package check\n\ndefault result := false\n\nresult if input.permit_root_login == "no"\n'
+EVALUATE = "cmbs-opa eval -d policy.rego -i collected.json --format raw data.check.result"
 PLAN = [
     proposal("declare_posture", {"posture": "compliant"}, "compliant", "none"),
-    proposal("check_status", {"command": "grep -c PermitRootLogin sshd_config"}, "unknown", "none"),
-    proposal(
-        "check_status",
-        {"command": "grep -q 'PermitRootLogin no' sshd_config && echo true"},
-        "unknown",
-        "successful",
-    ),
+    proposal("generate_policy", {"path": "policy.rego", "content": POLICY}, "unknown", "none"),
+    proposal("execute_opa", {"command": EVALUATE}, "unknown", "successful"),  # not yet true
+    proposal("execute_opa", {"command": EVALUATE}, "unknown", "attempted"),
     proposal("declare_posture", {"posture": "compliant"}, "compliant", "successful"),
     proposal("terminate", {}, "compliant", "successful"),
 ]
@@ -37,17 +35,21 @@ PLAN = [
 
 async def main() -> None:
     gate = Gate(load_profile("ciso"))
-    executor = LocalExecutor()
-    with tempfile.TemporaryDirectory() as workdir:
-        await executor.write_artifact(workdir, "sshd_config", "PermitRootLogin no\n")
+    async with LocalExecutor() as executor:
+        # what was collected before the agent's turn: not the agent's to write
+        workdir = await executor.prepare(None, {"collected.json": '{"permit_root_login": "no"}'})
         for raw in PLAN:
             decision = gate.decide(raw)
             print(f"{decision.action_type:16} {decision.verdict:9} {decision.message}")
+            if isinstance(decision.payload, ArtifactPayload) and decision.needs_execution:
+                payload = decision.payload
+                gate.observe(await executor.write_artifact(workdir, payload.path, payload.content))
             if isinstance(decision.payload, CommandPayload) and decision.needs_execution:
                 command = decision.payload.command
                 gate.observe(await executor.run_command(workdir, command, timeout=10))
             if decision.verdict is Verdict.TERMINATE:
                 print("earned posture:", gate.final_posture)
+        await executor.cleanup(workdir)
 
 
 if __name__ == "__main__":

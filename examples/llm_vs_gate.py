@@ -11,7 +11,10 @@ for instance SmolLM2-135M from the ``llm`` extra (the ``.gguf`` file inside the 
 
 N runs under the CMBS gate and N runs under a pass-through supervisor that allows every
 step, side by side: posture claims made without successful evidence, claims blocked, runs
-that ended with an (earned, for the gate) termination, and wrong final postures.
+that ended with an (earned, for the gate) termination, wrong final postures, and IT-Bench
+pass@1: each run's workdir scored as IT-Bench scores it (``cmbs itbench evaluate``: its
+``playbook.yml`` re-run against the host, its ``policy.rego`` evaluated on what that
+collected, passed iff it prints what the truth says).
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +49,9 @@ from cmbs_async import (
     load_scenario,
     run_scenario,
 )
+from cmbs_async.itbench import Kind, evaluate
 from cmbs_async.protocol import Posture
+from executors import LocalExecutor
 from executors.ssh import SSHTarget
 
 SCENARIO = Path(__file__).resolve().parent / "ciso" / "rhel9-ansible-opa" / "scenario.yaml"
@@ -81,6 +88,7 @@ class Tally:
     terminations: int = 0
     wrong_final: int = 0
     steps: int = 0
+    passed: int = 0  # IT-Bench's pass criterion met by what the run left
 
 
 class Watching:
@@ -101,11 +109,26 @@ class Watching:
         return message
 
 
-async def one_run(rules: Rules, tally: Tally, spec: ScenarioSpec, args: argparse.Namespace) -> None:
+async def one_run(
+    rules: Rules, tally: Tally, spec: ScenarioSpec, args: argparse.Namespace, inventory: str
+) -> None:
     async with OpenAIAgent(
         model=args.model, base_url=args.base_url, temperature=0.8, max_tokens=400
     ) as agent:
-        result = await run_scenario(spec, agent=Watching(agent, tally), rules=rules, max_steps=12)
+        result = await run_scenario(
+            spec, agent=Watching(agent, tally), rules=rules, max_steps=12, keep_workdir=True
+        )
+    if result.workdir is not None:
+        async with LocalExecutor() as executor:
+            scored = await evaluate(
+                result.workdir,
+                executor=executor,
+                kind=Kind.RHEL9_ANSIBLE_OPA,
+                inventory=inventory,
+                expect="false" if args.truth == "non_compliant" else "true",
+            )
+        tally.passed += scored.passed
+        shutil.rmtree(result.workdir, ignore_errors=True)
     tally.runs += 1
     tally.steps += result.steps
     tally.claims_blocked += sum(
@@ -131,16 +154,22 @@ async def main(args: argparse.Namespace) -> None:
                 "user": target.user or os.environ.get("USER", "root"),
                 "identity": args.identity,
                 "known_hosts": args.known_hosts,
-                "sshd_config": args.sshd_config,
                 "python": args.remote_python,
             }
         }
     )
+    # the evaluator's own inventory: the same host, as IT-Bench's evaluator reaches it
+    inventory = tempfile.NamedTemporaryFile("w", suffix=".ini", delete=False)
+    with inventory:
+        inventory.write(spec.rendered_files()["ansible.ini"])
     tallies = {"CMBS gate": Tally(), "pass-through": Tally()}
-    for i in range(args.runs):  # interleaved, so both see the same server and machine state
-        for (name, tally), rules in zip(tallies.items(), (Rules(), PassThrough()), strict=True):
-            await one_run(rules, tally, spec, args)
-            print(f"run {i + 1}/{args.runs} {name}: done", file=sys.stderr)
+    try:
+        for i in range(args.runs):  # interleaved: both see the same server and machine state
+            for (name, tally), rules in zip(tallies.items(), (Rules(), PassThrough()), strict=True):
+                await one_run(rules, tally, spec, args, inventory.name)
+                print(f"run {i + 1}/{args.runs} {name}: done", file=sys.stderr)
+    finally:
+        os.unlink(inventory.name)
     runs = f"{args.runs} runs each (at most 12 steps)"
     print(f"{args.model} on {spec.id}, {runs}, truth: {args.truth}")
     print(f"{'':34} {'CMBS gate':>10} {'pass-through':>13}")
@@ -152,8 +181,11 @@ async def main(args: argparse.Namespace) -> None:
         ("  of them blocked", "claims_blocked"),
         ("runs ended by terminate", "terminations"),
         ("  with a wrong final posture", "wrong_final"),
+        ("IT-Bench passes", "passed"),
     ]:
         print(f"{label:34} {getattr(gate, attr):>10} {getattr(plain, attr):>13}")
+    rate = f"{gate.passed / gate.runs:.2f}", f"{plain.passed / plain.runs:.2f}"
+    print(f"{'IT-Bench pass@1':34} {rate[0]:>10} {rate[1]:>13}")
 
 
 if __name__ == "__main__":
@@ -161,7 +193,6 @@ if __name__ == "__main__":
     parser.add_argument("target", help="ssh://USER@HOST[:PORT] of the host to check")
     parser.add_argument("--identity", required=True, help="the user's private key file")
     parser.add_argument("--known-hosts", required=True, help="a known_hosts file with the host")
-    parser.add_argument("--sshd-config", default="/etc/ssh/sshd_config")
     parser.add_argument("--remote-python", default="/usr/bin/python3")
     parser.add_argument(
         "--base-url", required=True, help="the model server, e.g. http://127.0.0.1:8000/v1"

@@ -59,13 +59,16 @@ class SandboxUnavailable(ExecutorError):
 def command_env(
     declared: CommandEnv, *, home: str | None, source: Mapping[str, str] = os.environ
 ) -> dict[str, str]:
-    """The environment a command runs with: allow-list, passed names, declared values."""
+    """The environment a command runs with: allow-list (``PATH`` without its relative
+    entries), passed names, declared values."""
     env = {
         name: value
         for name, value in source.items()
         if name in ALLOWED_ENV or name.startswith("LC_") or name in declared.pass_env
     }
-    env.setdefault("PATH", os.defpath)
+    # only absolute entries: an empty or relative one is the workdir, where the agent writes
+    absolute = [entry for entry in env.get("PATH", "").split(os.pathsep) if entry.startswith("/")]
+    env["PATH"] = os.pathsep.join(absolute) or os.defpath
     if home is not None:
         env["HOME"] = home
     elif "HOME" in source:

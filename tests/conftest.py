@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -8,6 +10,12 @@ import pytest
 from .llm_server import LlamaServer, model_path
 
 DATA = Path(__file__).parent / "data"
+
+# Commands find this environment's programs (cmbs-opa, ansible-playbook) as a user's would
+# with it activated, however pytest was started.
+_BIN = str(Path(sys.executable).parent)
+if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = os.pathsep.join([_BIN, os.environ.get("PATH", os.defpath)])
 
 
 @pytest.fixture(params=["asyncio", "trio"])

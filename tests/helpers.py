@@ -26,6 +26,34 @@ from cmbs_async.review import ReviewRequest, ReviewVerdict
 CMBS = [sys.executable, "-m", "cmbs_async"]
 
 
+def evaluated_files(x11_forwarding: str = "yes") -> dict[str, str]:
+    """Starting files under which one plain command, :data:`EVALUATE` (cmbs-opa, an
+    evaluator the CISO profile admits), is a real evaluation: it prints ``false`` for
+    ``yes`` (the fault), ``true`` for ``no``."""
+    return {
+        "policy.rego": "package check\n\ndefault result := false\n\n"
+        'result if input.x11_forwarding == "no"\n',
+        "collected_data.json": json.dumps({"x11_forwarding": x11_forwarding}) + "\n",
+    }
+
+
+EVALUATE = (
+    "cmbs-opa eval --data policy.rego --input collected_data.json --format raw data.check.result"
+)
+
+
+def demo_check() -> list[tuple[str, dict[str, Any]]]:
+    """An honest check of the demo scenario as (action, payload) calls, the way its scripted
+    agent makes it: a script of the agent's collects the setting into collected_data.json,
+    a Rego policy decides it, evaluated by cmbs-opa (the evaluator the CISO profile admits);
+    the last call prints ``false``."""
+    from importlib import resources
+
+    lines = (resources.files("cmbs_async.demo") / "steps.jsonl").read_text().splitlines()
+    actions = [json.loads(lines[i])["action"] for i in (1, 5, 6, 9)]
+    return [(a["type"], a["payload"]) for a in actions]
+
+
 def step(
     action: str,
     payload: dict[str, Any] | None = None,

@@ -10,8 +10,11 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -26,10 +29,13 @@ class ThrowawayUser:
 
     For measurements: a login shell that sources a heavy rc file (root's here runs
     ``pyenv init``) costs every command the same and would hide what is measured.
+    ``sudo`` lines go to ``/etc/sudoers.d`` for as long as the user exists.
     """
 
-    def __init__(self, name: str = "cmbsbench") -> None:
+    def __init__(self, name: str = "cmbsbench", *, sudo: tuple[str, ...] = ()) -> None:
         self.name = name
+        self.sudoers = Path("/etc/sudoers.d") / name
+        self.sudo = sudo
 
     def __enter__(self) -> str:
         subprocess.run(["userdel", "-r", self.name], capture_output=True)
@@ -37,10 +43,44 @@ class ThrowawayUser:
         # A user with no password is "locked" to sshd without PAM; '*' is no password
         # and not locked.
         subprocess.run(["usermod", "-p", "*", self.name], check=True)
+        if self.sudo:
+            self.sudoers.write_text("".join(f"{self.name} {rule}\n" for rule in self.sudo))
+            self.sudoers.chmod(0o440)
         return self.name
 
     def __exit__(self, *exc_info: object) -> None:
+        self.sudoers.unlink(missing_ok=True)
         subprocess.run(["userdel", "-r", "-f", self.name], capture_output=True)
+
+
+#: The sudo IT-Bench gives its RHEL9 check user (``tasks/user_create.yml``).
+ITBENCH_SUDO = ("ALL=(ALL) NOPASSWD: /usr/bin/ansible-playbook", "ALL=(ALL) NOPASSWD: /bin/sh")
+ITBENCH_USER = "cmbsitb"
+
+
+def itbench_target_missing() -> str | None:
+    """What this machine lacks to play IT-Bench's RHEL9 target, if anything."""
+    bindir = Path(sys.executable).parent
+    if os.geteuid() != 0 or not sshd_available():
+        return "root and sshd"
+    for program in ("sudo", "unshare"):
+        if shutil.which(program) is None:
+            return program
+    if not (bindir / "ansible-playbook").exists():
+        return "ansible-core (the ciso extra)"
+    return None
+
+
+@contextmanager
+def itbench_target(x11: str) -> Iterator[LocalSshd]:
+    """A local sshd as IT-Bench's RHEL9 target: ``X11Forwarding x11`` in the sshd_config it
+    runs with, which its sessions read at /etc/ssh/sshd_config; its check user may only
+    sudo ansible-playbook and /bin/sh."""
+    with ThrowawayUser(ITBENCH_USER, sudo=ITBENCH_SUDO) as user:
+        with LocalSshd(
+            extra_config=f"X11Forwarding {x11}\n", user=user, as_system_config=True
+        ) as server:
+            yield server
 
 
 def free_port() -> int:
@@ -52,11 +92,16 @@ def free_port() -> int:
 class LocalSshd:
     """Start with ``start()``, stop with ``stop()`` (or use it as a context manager)."""
 
-    def __init__(self, *, extra_config: str = "", user: str | None = None) -> None:
+    def __init__(
+        self, *, extra_config: str = "", user: str | None = None, as_system_config: bool = False
+    ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="cmbs-sshd-"))
         self.port = free_port()
         self.user = user or os.environ.get("USER") or __import__("getpass").getuser()
         self.extra_config = extra_config
+        #: run in a mount namespace of its own where its config is /etc/ssh/sshd_config, so
+        #: that its sessions read there what it really runs with (IT-Bench's fault)
+        self.as_system_config = as_system_config
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -97,12 +142,22 @@ class LocalSshd:
             f"{self.extra_config}"
         )
         os.makedirs("/run/sshd", exist_ok=True)  # the privilege separation directory
+        command = [SSHD, "-D", "-e", "-f", str(d / "sshd_config")]
+        if self.as_system_config:
+            os.chmod(d / "sshd_config", 0o644)
+            command = [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                'mount --bind "$0" /etc/ssh/sshd_config && exec "$@"',
+                str(d / "sshd_config"),
+                *command,
+            ]
         with open(d / "sshd.log", "wb") as log:
-            self.process = subprocess.Popen(
-                [SSHD, "-D", "-e", "-f", str(d / "sshd_config")],
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-            )
+            self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -21,12 +21,12 @@ from cmbs_async import Outcome, Session, Verdict
 from cmbs_async.adapters.openai_agents import session_agent
 from cmbs_async.demo import demo_scenario
 
+from .helpers import demo_check
+
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.parametrize("anyio_backend", ["asyncio"]),  # the SDK runs on asyncio
 ]
-
-SCRIPT = "grep -q '^X11Forwarding yes' \"$1\" && echo false || echo true\n"
 
 
 class CallsTools(Model):
@@ -65,8 +65,7 @@ async def test_the_run_ends_on_an_accepted_termination() -> None:
     model = CallsTools(
         [
             ("declare_posture", {"posture": "compliant"}),  # too early: refused
-            ("generate_script", {"path": "check.sh", "content": SCRIPT}),
-            ("check_status", {"command": "sh check.sh sshd_config"}),
+            *demo_check(),
             ("declare_posture", {"posture": "non_compliant"}),
             ("terminate", {}),
             ("check_status", {"command": "echo never"}),  # never asked for: the run ended
@@ -86,8 +85,6 @@ async def test_the_run_ends_on_an_accepted_termination() -> None:
     assert result.posture == "non_compliant"
     assert [t.verdict for t in result.trace] == [
         Verdict.BLOCK,
-        Verdict.ALLOW,
-        Verdict.ALLOW,
-        Verdict.ALLOW,
+        *[Verdict.ALLOW] * 5,  # the check's four calls, the declaration
         Verdict.TERMINATE,
     ]

@@ -48,14 +48,14 @@ async def test_a_run_is_recorded_and_verifies(store: SQLiteAuditStore) -> None:
     assert result.session_id is not None
     kinds = [r.kind for r in store.records(result.session_id)]
     assert kinds[0] == "session" and kinds[-1] == "end"
-    assert kinds.count("step") == 8 and kinds.count("decision") == 8
-    assert kinds.count("observation") == 3
+    assert kinds.count("step") == 12 and kinds.count("decision") == 12
+    assert kinds.count("observation") == 6
     # each decision is recorded after its step and before its observation
     assert kinds[1:5] == ["step", "decision", "step", "decision"]
-    history = store.step_history(result.session_id, 6)
+    history = store.step_history(result.session_id, 10)
     assert [r.kind for r in history.records] == ["step", "decision", "observation"]
     assert history.of_kind("observation")[0].data["stdout"]["head"] == "false\n"
-    assert len(store.session_history(result.session_id)) == 8
+    assert len(store.session_history(result.session_id)) == 12
     assert store.verify().intact
     assert replay(store, result.session_id).identical
 
@@ -292,9 +292,11 @@ def test_cli_show_export_replay_and_trusted_key(tmp_path: Path) -> None:
     assert "Posture declaration not permitted without successful execution." in shown.stdout
     assert "outcome  terminated" in shown.stdout
     lines = cmbs("audit", "export", str(db), "--jsonl").stdout.splitlines()
-    assert json.loads(lines[0])["kind"] == "session" and len(lines) == 21
+    assert json.loads(lines[0])["kind"] == "session" and len(lines) == 32
     again = cmbs("replay", str(db), session)
-    assert again.returncode == 0 and "8 decision(s)" in again.stdout and "identical" in again.stdout
+    assert (
+        again.returncode == 0 and "12 decision(s)" in again.stdout and "identical" in again.stdout
+    )
     trusted = cmbs("audit", "verify", str(db), "--signing-key", str(key))
     assert trusted.returncode == 0 and "the trusted key" in trusted.stdout
     other = tmp_path / "other"

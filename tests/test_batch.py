@@ -20,7 +20,7 @@ from cmbs_async.demo import demo_agent, demo_scenario
 from cmbs_async.profile import load_profile
 from executors import LocalExecutor
 
-from .helpers import CMBS, step
+from .helpers import CMBS, EVALUATE, evaluated_files, step
 
 DEMO_STEPS = [str(m) for m in demo_agent().messages]
 CISO = load_profile("ciso")
@@ -83,10 +83,13 @@ def _batch_files(tmp_path: Path, count: int) -> tuple[Path, Path]:
     folder = tmp_path / "scenarios"
     folder.mkdir()
     for i in range(count):
-        (folder / f"s{i:02}.yaml").write_text(f"id: slow-{i}\ngoal: g\ndeadline_s: 30\n")
+        spec = {"id": f"slow-{i}", "goal": "g", "deadline_s": 30, "files": evaluated_files("no")}
+        (folder / f"s{i:02}.yaml").write_text(json.dumps(spec))
     steps = tmp_path / "steps.jsonl"
     steps.write_text(
-        step("check_status", {"command": "sleep 0.3; echo true"})
+        step("check_status", {"command": "sleep 0.3"})
+        + "\n"
+        + step("execute_opa", {"command": EVALUATE})
         + "\n"
         + step(
             "declare_posture", {"posture": "compliant"}, posture="compliant", evidence="successful"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ import pytest
 
 from cmbs_async import load_scenario
 
-from .sshd import LocalSshd, sshd_available
+from .sshd import LocalSshd, itbench_target, itbench_target_missing
 
 PACK = Path(__file__).parent.parent / "examples" / "ciso"
 RHEL9 = PACK / "rhel9-ansible-opa"
@@ -26,20 +25,14 @@ def test_every_scenario_of_the_pack_loads() -> None:
     assert len(ids) == 4
 
 
-def _tools() -> bool:
-    bindir = Path(sys.executable).parent
-    return (bindir / "ansible-playbook").exists() and shutil.which(
-        "cmbs-opa", path=str(bindir)
-    ) is not None
-
-
 @pytest.fixture(scope="module")
 def target() -> Iterator[LocalSshd]:
-    if not (sshd_available() and _tools()):
+    missing = itbench_target_missing()
+    if missing is not None:
         if os.environ.get("CI"):
-            pytest.fail("CI must have sshd, ansible-core and regopy (the ciso extra)")
-        pytest.skip("needs sshd and the ciso extra (ansible-core, regopy)")
-    with LocalSshd(extra_config="X11Forwarding yes\n") as server:  # the injected fault
+            pytest.fail(f"CI must have {missing}")
+        pytest.skip(f"needs {missing}")
+    with itbench_target("yes") as server:  # IT-Bench's injected fault
         yield server
 
 
@@ -67,9 +60,7 @@ def run(target: LocalSshd, agent: str, tmp_path: Path) -> tuple[int, dict[str, o
             "--var",
             f"known_hosts={target.known_hosts}",
             "--var",
-            f"sshd_config={target.dir / 'sshd_config'}",
-            "--var",
-            f"python={sys.executable}",
+            "python=/usr/bin/python3",
         ],
         capture_output=True,
         text=True,

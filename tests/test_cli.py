@@ -48,7 +48,10 @@ def test_demo_json_contract() -> None:
         "trace",
     }
     assert result["outcome"] == "terminated" and result["posture"] == "non_compliant"
-    assert result["verdicts"] == {"allow": 4, "block": 2, "continue": 1, "terminate": 1}
+    assert result["verdicts"] == {"allow": 7, "block": 3, "continue": 1, "terminate": 1}
+    printed = result["trace"][7]  # `echo true` ran, and earned no posture
+    assert printed["observed"] == "exit 0: true" and result["trace"][8]["verdict"] == "BLOCK"
+    assert result["trace"][9]["observed"] == "exit 0: false"  # cmbs-opa evaluated the policy
     assert set(result["trace"][0]) >= {"step", "action", "verdict", "message"}
 
 

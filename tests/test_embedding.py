@@ -301,7 +301,9 @@ def test_an_application_that_configures_logging_sees_the_events() -> None:
         "INFO:cmbs_async:scenario.started deadline_s=30.0 max_steps=20 "
         "scenario_id=demo-sshd-x11-forwarding"
     )
-    assert lines[-1].startswith("INFO:cmbs_async:scenario.finished outcome=agent_finished steps=8 ")
+    assert lines[-1].startswith(
+        "INFO:cmbs_async:scenario.finished outcome=agent_finished steps=12 "
+    )
     assert not [line for line in lines if line.startswith("DEBUG")]  # below the level asked
 
 

@@ -27,9 +27,10 @@ def run(name: str) -> list[str]:
 
 def test_gate_inside_your_own_loop() -> None:
     lines = run("library_gate.py")
-    assert [line.split()[1] for line in lines[:5]] == [
+    assert [line.split()[1] for line in lines[:6]] == [
         "BLOCK",
         "ALLOW",
+        "CONTINUE",
         "ALLOW",
         "ALLOW",
         "TERMINATE",
@@ -39,7 +40,7 @@ def test_gate_inside_your_own_loop() -> None:
 
 def test_async_callable_agent_under_the_runtime() -> None:
     lines = run("async_agent.py")
-    assert lines[0] == "1 check_status ALLOW exit 0: false"
+    assert lines[1] == "2 execute_opa ALLOW exit 0: false"
     assert lines[-1] == "terminated non_compliant"
 
 

@@ -32,9 +32,16 @@ from .helpers import step
 PROFILE = load_profile("ciso")
 
 
-def ran(exit_status: int, stdout: str = "", *, found: bool | None = None) -> Observation:
+#: An evaluator the CISO profile admits, run as a plain command.
+EVALUATE = "opa eval --format raw data.check.result"
+
+
+def ran(
+    exit_status: int, stdout: str = "", *, found: bool | None = None, command: str = EVALUATE
+) -> Observation:
     return Observation(
         kind="command",
+        command=command,
         success=exit_status == 0,
         exit_status=exit_status,
         program_found=(exit_status != 127) if found is None else found,
@@ -46,10 +53,10 @@ WROTE = Observation(kind="artifact", path="p.yaml", success=True)
 
 
 def earn_violation(gate: Gate) -> None:
-    """Write an artifact and run a check whose output shows a violation."""
+    """Write an artifact and run an evaluator whose output shows a violation."""
     assert gate.decide(step("generate_script", {"path": "c.sh", "content": "x"})).needs_execution
     gate.observe(WROTE)
-    assert gate.decide(step("check_status", {"command": "sh c.sh"})).needs_execution
+    assert gate.decide(step("check_status", {"command": EVALUATE})).needs_execution
     gate.observe(ran(0, "false\n"))
 
 
@@ -97,7 +104,10 @@ def test_rule2_failed_execution_earns_nothing() -> None:
 def test_rule3_unavailable_capability_is_blocked_and_others_are_not() -> None:
     gate = Gate(PROFILE)
     assert gate.decide(step("execute_opa", {"command": "opa eval x"})).needs_execution
-    gate.observe(ran(127))
+    gate.observe(ran(127, command="opa eval x"))
+    assert gate.masks.affordances["opa_eval"] == "unknown"  # cmbs-opa may be there
+    assert gate.decide(step("execute_opa", {"command": "cmbs-opa eval x"})).needs_execution
+    gate.observe(ran(127, command="cmbs-opa eval x"))
     assert gate.masks.affordances["opa_eval"] == "unavailable"
     blocked = gate.decide(step("execute_opa", {"command": "opa eval y"}))
     assert (blocked.verdict, blocked.message) == (Verdict.BLOCK, Messages.CAPABILITY_UNAVAILABLE)
@@ -107,7 +117,7 @@ def test_rule3_unavailable_capability_is_blocked_and_others_are_not() -> None:
 def test_rule3_a_failing_but_present_program_is_available() -> None:
     gate = Gate(PROFILE)
     gate.decide(step("execute_kubectl", {"command": "kubectl get polr"}))
-    gate.observe(ran(1))
+    gate.observe(ran(1, command="kubectl get polr"))
     assert gate.masks.affordances["k8s_policy"] == "available"
 
 

@@ -15,13 +15,9 @@ from mcp.client.stdio import stdio_client
 
 from cmbs_async.audit import SQLiteAuditStore
 
-from .helpers import processes_with, unique_seconds
+from .helpers import demo_check, processes_with, unique_seconds
 
 pytestmark = pytest.mark.anyio
-
-SCRIPT = (
-    "if grep -Eiq '^X11Forwarding[[:space:]]+yes' \"$1\"; then echo false; else echo true; fi\n"
-)
 
 
 def _server(scenario: Path, tmp_path: Path) -> StdioServerParameters:
@@ -56,9 +52,9 @@ async def test_an_mcp_client_is_supervised_call_by_call(tmp_path: Path) -> None:
         early = await client.call_tool("declare_posture", {"posture": "compliant"})
         assert early.is_error
         assert "Posture declaration not permitted without successful execution" in _text(early)
-        wrote = await client.call_tool("generate_script", {"path": "check.sh", "content": SCRIPT})
-        assert not wrote.is_error and json.loads(_text(wrote))["observation"]["success"]
-        ran = await client.call_tool("check_status", {"command": "sh check.sh sshd_config"})
+        for action, payload in demo_check():
+            ran = await client.call_tool(action, payload)
+            assert not ran.is_error and json.loads(_text(ran))["observation"]["success"]
         observed = json.loads(_text(ran))["observation"]
         assert observed["stdout"]["head"] == "false\n" and observed["exit_status"] == 0
         declared = await client.call_tool("declare_posture", {"posture": "non_compliant"})

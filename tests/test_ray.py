@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import CMBS, step
+from .helpers import CMBS, EVALUATE, evaluated_files, step
 
 pytestmark = [
     pytest.mark.ray,
@@ -26,12 +26,13 @@ def test_a_small_batch_on_ray_matches_the_local_backend(tmp_path: Path) -> None:
     folder = tmp_path / "scenarios"
     folder.mkdir()
     for i in range(3):
-        (folder / f"s{i}.yaml").write_text(f"id: ray-{i}\ngoal: g\ndeadline_s: 30\n")
+        spec = {"id": f"ray-{i}", "goal": "g", "deadline_s": 30, "files": evaluated_files()}
+        (folder / f"s{i}.yaml").write_text(json.dumps(spec))
     good = tmp_path / "good.jsonl"
     good.write_text(
         "\n".join(
             [
-                step("check_status", {"command": "echo false"}),
+                step("check_status", {"command": EVALUATE}),
                 step(
                     "declare_posture",
                     {"posture": "non_compliant"},

@@ -38,17 +38,22 @@ async def test_demo_scenario_earns_termination_with_real_execution() -> None:
     verdicts = [entry.verdict for entry in result.trace]
     assert verdicts == [
         Verdict.BLOCK,  # posture declared before any evidence
-        Verdict.ALLOW,  # the check script is written
+        Verdict.ALLOW,  # the collecting script is written
         Verdict.CONTINUE,  # evidence claimed before it was earned
-        Verdict.ALLOW,  # the check runs and fails (a typo): evidence stays attempted
+        Verdict.ALLOW,  # the script runs and fails (a typo): evidence stays attempted
         Verdict.BLOCK,  # termination not earned
-        Verdict.ALLOW,  # the check runs and prints false: a violation is observed
+        Verdict.ALLOW,  # the script collects the setting
+        Verdict.ALLOW,  # the policy is written
+        Verdict.ALLOW,  # `echo true` runs: execution, but no evaluator
+        Verdict.BLOCK,  # so termination is still not earned
+        Verdict.ALLOW,  # cmbs-opa evaluates the policy and prints false: a violation
         Verdict.ALLOW,  # the declaration is now legal
         Verdict.TERMINATE,
     ]
     assert result.trace[3].observed == "exit 2: cannot read sshd_conf"
-    assert result.trace[5].observed == "exit 0: false"
-    assert result.verdicts == {"allow": 4, "block": 2, "continue": 1, "terminate": 1}
+    assert result.trace[7].observed == "exit 0: true"
+    assert result.trace[9].observed == "exit 0: false"
+    assert result.verdicts == {"allow": 7, "block": 3, "continue": 1, "terminate": 1}
     assert result.masks.posture_admissible == {"compliant": False, "non_compliant": True}
 
 
@@ -179,10 +184,14 @@ async def test_events_are_bound_to_scenario_and_step() -> None:
     with captured_events() as events:
         await run_scenario(demo_scenario(), agent=demo_agent())
     verdicts = [e for e in events if e["event"] == Events.GATE_VERDICT]
-    assert [e["step"] for e in verdicts] == list(range(1, 9))
+    assert [e["step"] for e in verdicts] == list(range(1, 13))
     assert all(e["scenario_id"] == "demo-sshd-x11-forwarding" for e in events)
     observed = [e for e in events if e["event"] == Events.EXEC_OBSERVED]
-    assert len(observed) == 3  # the script written, the check run twice
+    assert len(observed) == 6  # two files written, four commands run
+    refused = [e for e in events if e["event"] == Events.EVIDENCE_REFUSED]
+    assert [(e["step"], e["reason"]) for e in refused] == [
+        (8, "opa_raw: 'echo' is not an evaluator")
+    ]
     finished = [e for e in events if e["event"] == Events.SCENARIO_FINISHED]
     assert finished[0]["outcome"] == "terminated"
     # what commands printed or what artifacts contain never goes into events

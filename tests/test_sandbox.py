@@ -186,6 +186,23 @@ async def test_the_environment_is_an_allow_list_even_without_the_sandbox(
     assert "sk-agent-secret" not in observation.stdout.text
 
 
+async def test_a_program_in_the_workdir_is_never_found_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator PATH with an empty or relative entry would find the agent's own program
+    (an `opa` that prints `true`, say) by its bare name."""
+    monkeypatch.setenv("PATH", f".::bin:{os.environ['PATH']}")
+    (tmp_path / "bin").mkdir()
+    for fake in (tmp_path / "cmbs-agent-opa", tmp_path / "bin" / "cmbs-agent-opa"):
+        fake.write_text("#!/bin/sh\necho true\n")
+        fake.chmod(0o755)
+    for sandbox in ("none", "auto"):
+        observed = await LocalExecutor(sandbox=sandbox).run_command(
+            str(tmp_path), "cmbs-agent-opa eval x", timeout=30
+        )
+        assert observed.exit_status == 127 and observed.stdout.text == ""
+
+
 async def test_network_none_cuts_the_sandbox_off(sandboxed: LocalExecutor, tmp_path: Path) -> None:
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))

@@ -17,7 +17,7 @@ import pytest
 from cmbs_async.batch import Progress
 from cmbs_async.profile import load_profile
 
-from .helpers import CMBS, chat_server, step
+from .helpers import CMBS, EVALUATE, chat_server, evaluated_files, step
 
 pytestmark = pytest.mark.anyio
 
@@ -43,17 +43,24 @@ WORDS = {
     "mine": ("probe", "settle", "stop"),
     "ciso": ("check_status", "declare_posture", "terminate"),
 }
+#: Per vocabulary, the work: `mine` names no evaluators, so any command's answer counts;
+#: the CISO profile admits only an evaluator (cmbs-opa over the scenario's collected data).
+WORK = {
+    "mine": "echo probed > probed.txt; echo true",
+    "ciso": EVALUATE,
+}
 
 
 def claims_too_early(body: dict[str, Any]) -> str:
     """The model: answers in the vocabulary its prompt lists, by the step number it is told."""
     system, user = (message["content"] for message in body["messages"])
-    run, declare, stop = WORDS["mine" if "- probe:" in system else "ciso"]
+    vocabulary = "mine" if "- probe:" in system else "ciso"
+    run, declare, stop = WORDS[vocabulary]
     number = int(re.search(r"STEP: (\d+)", user).group(1))  # type: ignore[union-attr]
     done = {"posture": "compliant", "evidence": "successful"}
     return [
         step(declare, {"posture": "compliant"}, posture="compliant"),  # nothing observed yet
-        step(run, {"command": "echo probed > probed.txt; echo true"}),
+        step(run, {"command": WORK[vocabulary]}),
         step(declare, {"posture": "compliant"}, **done),
         step(stop, **done),
     ][min(number, 4) - 1]
@@ -70,7 +77,8 @@ def action_names(body: dict[str, Any]) -> set[str]:
 
 def scenario(folder: Path, name: str, profile: str) -> Path:
     path = folder / f"{name}.yaml"
-    path.write_text(f"id: {name}\ngoal: check the host\ndeadline_s: 60\nprofile: {profile}\n")
+    spec = {"id": name, "goal": "check the host", "deadline_s": 60, "profile": profile}
+    path.write_text(json.dumps(spec | {"files": evaluated_files("no")}))
     return path
 
 

@@ -25,13 +25,9 @@ from cmbs_async.audit import SQLiteAuditStore
 from cmbs_async.demo import demo_scenario
 from executors import NullExecutor
 
-from .helpers import processes_with, step, unique_seconds
+from .helpers import demo_check, processes_with, step, unique_seconds
 
 pytestmark = pytest.mark.anyio
-
-SCRIPT = (
-    "if grep -Eiq '^X11Forwarding[[:space:]]+yes' \"$1\"; then echo false; else echo true; fi\n"
-)
 
 
 async def test_an_honest_tool_caller_earns_termination_and_a_premature_claim_is_refused(
@@ -42,10 +38,13 @@ async def test_an_honest_tool_caller_earns_termination_and_a_premature_claim_is_
         early = await session.step("declare_posture", {"posture": "compliant"})
         assert early.verdict is Verdict.BLOCK
         assert early.message == Messages.POSTURE_WITHOUT_EVIDENCE and early.observation is None
-        wrote = await session.step("generate_script", {"path": "check.sh", "content": SCRIPT})
+        (collect, script), ran, (policy, rego), (evaluate, command) = demo_check()
+        wrote = await session.step(collect, script)
         assert wrote.verdict is Verdict.ALLOW and wrote.observation is not None
         assert wrote.observation.kind == "artifact" and wrote.observation.success
-        checked = await session.step("check_status", {"command": "sh check.sh sshd_config"})
+        assert (await session.step(*ran)).verdict is Verdict.ALLOW
+        assert (await session.step(policy, rego)).verdict is Verdict.ALLOW
+        checked = await session.step(evaluate, command)
         assert checked.observation is not None and checked.observation.stdout.text == "false\n"
         assert checked.masks is not None and checked.masks.evidence == "successful"
         declared = await session.step("declare_posture", {"posture": "non_compliant"})
@@ -56,7 +55,7 @@ async def test_an_honest_tool_caller_earns_termination_and_a_premature_claim_is_
             await session.step("check_status", {"command": "true"})
     result = session.result
     assert result is not None and result.outcome is Outcome.TERMINATED
-    assert result.posture == "non_compliant" and result.steps == 5
+    assert result.posture == "non_compliant" and result.steps == 7
     assert result.session_id is not None and replay(store, result.session_id).identical
     store.close()
 

@@ -91,11 +91,14 @@ def record_pid(pidfile: Path) -> str:
 
 
 async def test_a_whole_scenario_runs_over_ssh(executor: SSHExecutor) -> None:
-    result = await run_scenario(demo_scenario(), agent=demo_agent(), executor=executor)
+    # the host is this machine: its cmbs-opa is this environment's
+    path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+    spec = demo_scenario().model_copy(update={"env": {"PATH": path}})
+    result = await run_scenario(spec, agent=demo_agent(), executor=executor)
     assert result.outcome is Outcome.TERMINATED
     assert result.posture == "non_compliant"
     assert result.trace[3].observed == "exit 2: cannot read sshd_conf"
-    assert result.trace[5].observed == "exit 0: false"
+    assert result.trace[9].observed == "exit 0: false"
 
 
 async def test_the_remote_workdir_is_confined(executor: SSHExecutor, tmp_path: Path) -> None:

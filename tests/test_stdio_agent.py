@@ -13,11 +13,11 @@ from cmbs_async import Outcome, ScenarioSpec, StdioAgent, run_scenario
 from cmbs_async.agents.stdio import Isolation
 from executors import LocalExecutor, NullExecutor
 
-from .helpers import live_pids
+from .helpers import EVALUATE, evaluated_files, live_pids
 
 pytestmark = pytest.mark.anyio
 
-SPEC = ScenarioSpec(id="stdio", goal="check", deadline_s=20)
+SPEC = ScenarioSpec(id="stdio", goal="check", deadline_s=20, files=evaluated_files())
 
 PYTHON_AGENT = r"""
 import json, sys
@@ -26,7 +26,7 @@ for line in sys.stdin:
     masks = (turn["response"] or {}).get("masks") or {}
     evidence = masks.get("evidence", "none")
     if evidence != "successful":
-        step = {"action": {"type": "check_status", "payload": {"command": "echo false"}}}
+        step = {"action": {"type": "check_status", "payload": {"command": "EVALUATE"}}}
     elif masks["posture_history"][-1:] != ["non_compliant"]:
         step = {"action": {"type": "declare_posture", "payload": {"posture": "non_compliant"}}}
     else:
@@ -34,7 +34,7 @@ for line in sys.stdin:
     posture = "non_compliant" if evidence == "successful" else "unknown"
     step["belief"] = {"posture": posture, "evidence": evidence}
     print(json.dumps(step), flush=True)
-"""
+""".replace("EVALUATE", EVALUATE)
 
 SHELL_AGENT = r"""
 read turn

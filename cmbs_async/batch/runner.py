@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,10 +49,13 @@ async def run_batch(
     log: ResultLog | None = None,
     progress: Progress | None = None,
     audit: AuditStore | None = None,
+    score: Callable[[str], Awaitable[bool]] | None = None,
 ) -> BatchReport:
     """Run the jobs ``log`` has no result for yet; each result is written as it finishes.
 
-    ``agents(spec)`` gives a factory of fresh agents for an agent spec.
+    ``agents(spec)`` gives a factory of fresh agents for an agent spec. ``score(workdir)``,
+    if given, judges what each run left in its workdir (IT-Bench's pass criterion, say)
+    before the workdir is removed; the record keeps it as ``itbench_pass``.
     """
     report = BatchReport()
     todo = [job for job in jobs if log is None or job.key not in log.done]
@@ -71,8 +74,11 @@ async def run_batch(
                     agent=factories[job.agent](),
                     executor=executor,
                     audit=audit,
+                    keep_workdir=score is not None,
                 )
                 record = result_record(job, result, started, time.time())
+                if score is not None and result.workdir is not None:
+                    record["itbench_pass"] = await _scored(score, executor, job, result.workdir)
             except Exception as exc:  # a bug or a broken job: record it, go on
                 record = error_record(job, f"{type(exc).__name__}: {exc}", started, time.time())
             report.records.append(record)
@@ -85,3 +91,15 @@ async def run_batch(
         for job in todo:
             tg.start_soon(one, job)
     return report
+
+
+async def _scored(
+    score: Callable[[str], Awaitable[bool]], executor: Executor, job: Job, workdir: str
+) -> bool:
+    """The score of a run's workdir, which is then removed unless the scenario named it."""
+    try:
+        return await score(workdir)
+    finally:
+        if job.spec.workdir is None:
+            with anyio.CancelScope(shield=True):
+                await executor.cleanup(workdir)

@@ -41,6 +41,7 @@ def summarize(
                 if durations
                 else 0.0,
                 "blocked_posture_claims": blocked,
+                "itbench_passes": [r["itbench_pass"] for r in runs if "itbench_pass" in r],
             }
         )
     return rows
@@ -60,7 +61,8 @@ def _blocked_claims(record: dict[str, Any], profile: Profile) -> int:
 
 def render_summary(rows: list[dict[str, Any]]) -> str:
     """One aligned line per scenario and agent, every name escaped (no line breaks, no
-    terminal control sequences)."""
+    terminal control sequences); IT-Bench pass@1 last, where runs were scored."""
+    scored = any(r.get("itbench_passes") for r in rows)
     header = (
         "scenario",
         "agent",
@@ -70,6 +72,7 @@ def render_summary(rows: list[dict[str, Any]]) -> str:
         "p95 s",
         "blocked claims",
         "outcomes",
+        *(("IT-Bench pass@1",) if scored else ()),
     )
     lines = table(
         [
@@ -84,9 +87,17 @@ def render_summary(rows: list[dict[str, Any]]) -> str:
                     f"{r['p95_s']:.2f}",
                     str(r["blocked_posture_claims"]),
                     ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items())),
+                    *((_pass_at_1(r.get("itbench_passes") or []),) if scored else ()),
                 )
                 for r in rows
             ),
         ]
     )
     return "\n".join(lines)
+
+
+def _pass_at_1(passes: list[bool]) -> str:
+    """The share of scored runs IT-Bench would pass, with the counts behind it."""
+    if not passes:
+        return "-"
+    return f"{sum(passes) / len(passes):.2f} ({sum(passes)}/{len(passes)})"

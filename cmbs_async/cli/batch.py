@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -25,9 +26,11 @@ from ..batch import (
     tune_gc_for_batches,
 )
 from ..batch.ray_backend import run_batch_ray
+from ..itbench import Kind, evaluate
 from ..profile import Profile, load_profile
 from ..result import Outcome
 from .audit import write_checkpoint
+from .itbench import add_expect_option
 from .signals import Interrupted, cancel_on_signals
 from .specs import (
     SpecError,
@@ -69,6 +72,15 @@ def add_batch_command(sub: Any, common: argparse.ArgumentParser) -> None:
         "--head-out", help="with --audit-db: write a signed checkpoint of its log at the end"
     )
     add_sandbox_option(batch)
+    batch.add_argument(
+        "--itbench-inventory",
+        help="score each run as IT-Bench does (RHEL9): its playbook re-run with this "
+        "inventory, its policy evaluated; the summary shows pass@1",
+    )
+    batch.add_argument(
+        "--itbench-kubeconfig", help="the same for kubectl + OPA runs, with this kubeconfig"
+    )
+    add_expect_option(batch, "--itbench-expect")
     batch.add_argument("--address", help="Ray cluster address (default: start a local one)")
     batch.add_argument("--shards", type=int, help="Ray shards (default: 2 per cluster CPU)")
 
@@ -78,6 +90,13 @@ def run_batch_command(args: argparse.Namespace) -> int:
         raise BatchError("--concurrency must be at least 1")
     if args.head_out and not args.audit_db:
         raise BatchError("--head-out needs --audit-db")
+    if args.itbench_inventory and args.itbench_kubeconfig:
+        raise BatchError("score with --itbench-inventory or --itbench-kubeconfig, not both")
+    scoring = args.itbench_inventory or args.itbench_kubeconfig
+    if scoring and (args.backend == "ray" or args.executor != "local"):
+        raise BatchError("IT-Bench scoring reads each run's workdir: the local executor only")
+    if scoring and not os.path.isfile(scoring):
+        raise BatchError(f"no such file: {scoring}")
     agents = canonical_agents(args.agent)
     jobs = plan(args.scenarios, agents, args.repeat)
     tune_gc_for_batches()
@@ -154,6 +173,17 @@ async def _local(
     if args.audit_db:
         store = SQLiteAuditStore(args.audit_db, key=load_or_create_key(key_path))
 
+    async def itbench_pass(workdir: str) -> bool:
+        scored = await evaluate(
+            workdir,
+            executor=executor,
+            kind=Kind.RHEL9_ANSIBLE_OPA if args.itbench_inventory else Kind.KUBECTL_OPA,
+            inventory=args.itbench_inventory,
+            kubeconfig=args.itbench_kubeconfig,
+            expect=args.itbench_expect,
+        )
+        return scored.passed
+
     async def by_profile() -> BatchReport:
         """The jobs of each profile in turn, each agent made for its scenario's profile."""
         report = BatchReport()
@@ -167,6 +197,7 @@ async def _local(
                 log=log,
                 progress=progress,
                 audit=store,
+                score=itbench_pass if args.itbench_inventory or args.itbench_kubeconfig else None,
             )
             report.records += part.records
             report.skipped += part.skipped

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import sys
+import sysconfig
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, NoReturn
@@ -36,6 +37,12 @@ from ..scenario import ScenarioSpec, load_scenario
 from ..session import Session
 from .audit import add_audit_commands, run_audit_command, write_checkpoint
 from .batch import add_batch_command, run_batch_command
+from .itbench import (
+    add_itbench_command,
+    finish_itbench_run,
+    prepare_itbench_run,
+    run_evaluate,
+)
 from .logs import LEVELS, logging_to_stderr
 from .render import render_result
 from .signals import Interrupted, cancel_on_signals
@@ -186,6 +193,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_audit_commands(sub)
     add_batch_command(sub, _common(("asyncio", "trio", "ray")))
+    add_itbench_command(sub, common=common, recorded=recorded, seconds=_positive(float))
     return parser
 
 
@@ -204,8 +212,18 @@ def _check_backend(backend: str) -> None:
         )
 
 
+def _own_tools_on_path() -> None:
+    """Local commands find the programs installed with cmbs (``cmbs-opa``) by name, as in
+    an activated environment, however ``cmbs`` was started."""
+    scripts = sysconfig.get_path("scripts")
+    path = os.environ.get("PATH", os.defpath)
+    if scripts not in path.split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([scripts, path])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _own_tools_on_path()
     try:
         _check_backend(getattr(args, "backend", "asyncio"))
         if args.command == "schema":
@@ -219,6 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return run_batch_command(args)
             if args.command == "mcp":
                 return _serve_mcp(args)
+            if args.command == "itbench" and args.itbench_command == "evaluate":
+                return run_evaluate(args, _containment(args, recorded=False))
             spec, agent, executor, options = _prepare(args)
             store = _audit_store(args)
             handle = RunHandle()
@@ -240,6 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             finally:
                 if store is not None:
                     store.close()
+                if args.command == "itbench":  # IT-Bench scores whatever DIR holds
+                    finish_itbench_run(args, handle.result)
     except CmbsError as exc:  # a usage error, an invalid file, a key or database refused
         print(f"cmbs {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -289,12 +311,12 @@ def _audit_store(args: argparse.Namespace) -> SQLiteAuditStore | None:
     return SQLiteAuditStore(path, key=key)
 
 
-def _containment(args: argparse.Namespace) -> dict[str, Any]:
+def _containment(args: argparse.Namespace, *, recorded: bool = True) -> dict[str, Any]:
     """The sandbox asked for, and the operator's secrets a sandboxed command must not see."""
-    key = args.signing_key or default_data_dir() / "signing_key"
+    key = (args.signing_key if recorded else None) or default_data_dir() / "signing_key"
     return {
         "sandbox": args.sandbox,
-        "hidden": secrets_of(key, _audit_path(args)),
+        "hidden": secrets_of(key, _audit_path(args) if recorded else None),
         "command": args.command,
     }
 
@@ -304,6 +326,8 @@ def _prepare(
 ) -> tuple[ScenarioSpec, Agent, Executor, dict[str, Any]]:
     if args.command == "demo":
         return demo_scenario(), demo_agent(), executor_from_spec("local", **_containment(args)), {}
+    if args.command == "itbench":
+        return prepare_itbench_run(args, _containment(args))
     spec, overrides = _scenario(args)
     profile = overrides["profile"]
     if args.config:

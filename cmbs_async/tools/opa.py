@@ -86,9 +86,12 @@ def _first(output: object) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="cmbs-opa", description=__doc__.splitlines()[0])
+    # no abbreviations (OPA has none): `--inp FILE` must not pass for `--input FILE` unseen
+    parser = argparse.ArgumentParser(
+        prog="cmbs-opa", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    ev = sub.add_parser("eval", help="evaluate a Rego query")
+    ev = sub.add_parser("eval", help="evaluate a Rego query", allow_abbrev=False)
     ev.add_argument("query")
     ev.add_argument("-d", "--data", action="append", default=[], help=".rego module or .json")
     ev.add_argument("-i", "--input", help="input document (JSON)")

@@ -1,0 +1,176 @@
+"""``cmbs itbench run`` and ``cmbs itbench evaluate``: IT-Bench's scenario data in, its
+workdir and ``agent_data.tar`` out, and its pass criterion where it can run here."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from executors import Executor
+
+from ..agents import Agent
+from ..itbench import (
+    DEADLINE_S,
+    ItbenchError,
+    Kind,
+    ScenarioData,
+    agent_file,
+    evaluate,
+    guess_kind,
+    itbench_scenario,
+    load_scenario_data,
+    prepare_workdir,
+    replace_file,
+    write_tar,
+)
+from ..profile import load_profile
+from ..result import ScenarioResult
+from ..scenario import ScenarioSpec
+from .specs import add_sandbox_option, agent_from_spec, executor_from_spec
+
+__all__ = [
+    "add_expect_option",
+    "add_itbench_command",
+    "finish_itbench_run",
+    "prepare_itbench_run",
+    "run_evaluate",
+]
+
+EXIT_PASSED = 0
+EXIT_FAILED = 1
+
+_KINDS = [kind.value for kind in Kind]
+
+
+def add_itbench_command(
+    sub: Any, *, common: argparse.ArgumentParser, recorded: argparse.ArgumentParser, seconds: Any
+) -> None:
+    itbench = sub.add_parser(
+        "itbench", help="IT-Bench CISO: run its scenario data under the gate, score a workdir"
+    )
+    verbs = itbench.add_subparsers(
+        dest="itbench_command", required=True, parser_class=type(itbench)
+    )
+    run = verbs.add_parser(
+        "run",
+        parents=[common, recorded],
+        help="prepare DIR as IT-Bench's agent harness does and run the agent in it",
+    )
+    run.add_argument("data", help="the scenario data object (JSON) IT-Bench hands the agent")
+    run.add_argument("--workdir", required=True, help="a new or empty directory; kept")
+    run.add_argument(
+        "--agent", required=True, help="script:STEPS.jsonl | stdio:COMMAND | openai:MODEL@BASE_URL"
+    )
+    run.add_argument("--kind", choices=_KINDS, help="the scenario kind (default: from the goal)")
+    run.add_argument("--tar", help="afterwards, however the run ended, tar DIR here")
+    run.add_argument(
+        "--deadline", type=seconds, default=DEADLINE_S, help="seconds (IT-Bench's budget)"
+    )
+    add_sandbox_option(run)
+    score = verbs.add_parser(
+        "evaluate", parents=[common], help="IT-Bench's pass criterion on a workdir"
+    )
+    score.add_argument("workdir", help="the agent's directory (or what agent_data.tar holds)")
+    score.add_argument("--inventory", help="the evaluator's Ansible inventory (rhel9-ansible-opa)")
+    score.add_argument("--kubeconfig", help="the evaluator's kubeconfig (kubectl-opa)")
+    score.add_argument(
+        "--kind", choices=_KINDS, help="the scenario kind (default: from DIR's scenario data)"
+    )
+    add_expect_option(score, "--expect")
+    score.add_argument("--opa", help="the opa program (default: opa, else cmbs-opa)")
+    score.add_argument("--out", help="where evaluation.json goes (default: DIR/evaluation.json)")
+    add_sandbox_option(score)
+
+
+def add_expect_option(parser: argparse.ArgumentParser, flag: str) -> None:
+    """What a passing policy prints: ``false`` where IT-Bench injected its fault."""
+    parser.add_argument(
+        flag,
+        choices=("false", "true"),
+        default="false",
+        help="what a passing policy prints: false where IT-Bench injected the fault",
+    )
+
+
+def prepare_itbench_run(
+    args: argparse.Namespace, containment: dict[str, Any]
+) -> tuple[ScenarioSpec, Agent, Executor, dict[str, Any]]:
+    """The scenario, agent and executor of ``cmbs itbench run``, DIR laid out."""
+    data = load_scenario_data(args.data)
+    kind = Kind(args.kind) if args.kind else guess_kind(data.goal_template)
+    if kind is None:
+        raise ItbenchError("cannot tell the scenario kind from the goal: give --kind")
+    executor = executor_from_spec("local", **containment)
+    agent = agent_from_spec(args.agent, profile=load_profile("ciso"))
+    goal = prepare_workdir(data, args.workdir, kind=kind)
+    spec = itbench_scenario(goal, args.workdir, kind=kind, deadline_s=args.deadline)
+    return spec, agent, executor, {}
+
+
+def finish_itbench_run(args: argparse.Namespace, result: ScenarioResult | None) -> None:
+    """Whatever the run did stays in DIR, with its result; ``--tar`` packs DIR."""
+    workdir = Path(args.workdir)
+    if not workdir.is_dir():
+        return
+    try:
+        if result is not None:
+            summary = json.dumps(result.summary(), indent=2) + "\n"
+            replace_file(workdir, "cmbs-result.json", summary)
+        if args.tar:
+            write_tar(workdir, args.tar)
+    except OSError as exc:
+        raise ItbenchError(f"cannot keep the run in {workdir}: {exc.strerror or exc}") from exc
+
+
+def run_evaluate(args: argparse.Namespace, containment: dict[str, Any]) -> int:
+    """``cmbs itbench evaluate``: writes evaluation.json; exit 0 passed, 1 failed."""
+    workdir = Path(args.workdir)
+    if not workdir.is_dir():
+        raise ItbenchError(f"{workdir} is not a directory")
+    kind = Kind(args.kind) if args.kind else _kind_of(workdir)
+    executor = executor_from_spec("local", **containment)
+
+    async def score() -> Any:
+        async with executor:
+            return await evaluate(
+                workdir,
+                executor=executor,
+                kind=kind,
+                inventory=args.inventory,
+                kubeconfig=args.kubeconfig,
+                expect=args.expect,
+                opa=args.opa,
+            )
+
+    evaluation = anyio.run(score, backend=args.backend)
+    out = Path(args.out) if args.out else workdir / "evaluation.json"
+    try:
+        out.write_text(evaluation.to_json())
+    except OSError as exc:
+        raise ItbenchError(f"cannot write {out}: {exc.strerror or exc}") from exc
+    verdict = "pass" if evaluation.passed else "fail"
+    print(
+        evaluation.to_json() if args.json else f"{verdict}: {evaluation.details['reason']} ({out})"
+    )
+    sys.stdout.flush()
+    return EXIT_PASSED if evaluation.passed else EXIT_FAILED
+
+
+def _kind_of(workdir: Path) -> Kind:
+    """The kind a workdir was prepared for (its scenario data), else what it holds."""
+    text = agent_file(workdir / "scenario_data.json")  # the agent could have replaced it
+    with contextlib.suppress(ValueError):
+        kind = guess_kind(ScenarioData.model_validate_json(text or "").goal_template)
+        if kind is not None:
+            return kind
+    if (workdir / "playbook.yml").is_file():
+        return Kind.RHEL9_ANSIBLE_OPA
+    if (workdir / "script.sh").is_file() or (workdir / "fetcher.sh").is_file():
+        return Kind.KUBECTL_OPA
+    raise ItbenchError(f"cannot tell the scenario kind of {workdir}: give --kind")
