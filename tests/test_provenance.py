@@ -48,7 +48,7 @@ CLAIM = [
 FABRICATIONS = {
     "echo true as the opa action": [run("echo true", "execute_opa")],
     "echo true as a status check": [run("echo true")],
-    "printf": [run("printf 'true\\n'")],
+    "printf false": [run("printf false")],
     "cat of a starting file": [run("cat answer.txt")],
     "a script of the agent's named opa": [write("opa", "#!/bin/sh\necho true\n"), run("sh opa")],
     "the agent's script as ./opa": [
