@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Protocol, Self, runtime_checkable
 
+from .errors import CmbsError, ExecutorError, PathRefused
 from .observation import CommandEnv, Observation, Output
 
 __all__ = [
@@ -23,24 +24,6 @@ __all__ = [
 ]
 
 DEFAULT_OUTPUT_CAP = 64 * 1024
-
-
-class CmbsError(Exception):
-    """The root of every error cmbs-async raises on purpose; ``cmbs_async.CmbsError``.
-
-    Each error also derives from the built-in exception it stands for (``ValueError``
-    for an invalid file or path, ``RuntimeError`` for a part that cannot work), so code
-    that catches those keeps working. It is defined here, in the lowest layer, so that
-    executor errors share it.
-    """
-
-
-class ExecutorError(CmbsError, RuntimeError):
-    """The executor itself cannot work (no workdir, no connection); ends the run."""
-
-
-class PathRefused(CmbsError, ValueError):
-    """An artifact path would leave the workdir."""
 
 
 class Closing:

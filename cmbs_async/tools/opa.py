@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .._errors import CmbsError
+from executors.errors import CmbsError
+
 from .rego_syntax import v0_form
 
 __all__ = ["RegoFailure", "evaluate", "main"]
