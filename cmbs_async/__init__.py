@@ -9,10 +9,10 @@ Each name below is imported on first use, so that importing one part of the pack
 (``cmbs_async.audit``, say) does not load the rest: the gate, the review layer, httpx.
 """
 
-import importlib
 import typing
 
 from executors import CmbsError, ExecutorError
+from executors._lazy import lazy_names
 
 if typing.TYPE_CHECKING:
     from .agents import (
@@ -236,14 +236,4 @@ _HOMES: dict[str, tuple[str, ...]] = {
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 
 
-def __getattr__(name: str) -> object:
-    module = _HOME.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _HOME, __all__)

@@ -5,8 +5,9 @@ Each name below is imported on first use, so that ``from executors import CmbsEr
 loads no more than the errors (``cmbs-opa`` starts in a fraction of the time).
 """
 
-import importlib
 import typing
+
+from ._lazy import lazy_names
 
 if typing.TYPE_CHECKING:
     from .base import DEFAULT_OUTPUT_CAP, Executor, OutputBuffer, confine
@@ -40,14 +41,4 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _HOME.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _HOME, __all__)

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -213,13 +212,20 @@ def test_a_nul_byte_in_a_command_is_a_failed_observation_and_the_run_goes_on(
         + step("check_status", {"command": "echo after"})
         + "\n"
     )
-    db = tmp_path / "audit.db"
-    before = {p.name for p in Path(tempfile.gettempdir()).glob("cmbs-*")}
-    done = cmbs("run", str(scenario), "--agent", f"script:{lines}", "--json", "--audit-db", str(db))
+    db, temporary = tmp_path / "audit.db", tmp_path / "tmp"
+    temporary.mkdir()  # its own, so that no other run's workdirs are counted
+    done = subprocess.run(
+        [*CMBS, "run", str(scenario), "--agent", f"script:{lines}", "--json"]
+        + ["--audit-db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TMPDIR": str(temporary)},
+    )
     assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
     result = json.loads(done.stdout)
     assert "cannot start the command" in result["trace"][0]["observed"]
     assert result["trace"][1]["stdout"] == "after\n"
-    assert {p.name for p in Path(tempfile.gettempdir()).glob("cmbs-*")} <= before
+    assert result["workdir"] is None and list(temporary.iterdir()) == []  # nothing left
     shown = cmbs("audit", "show", str(db), result["session_id"])
     assert "outcome  agent_finished" in shown.stdout
