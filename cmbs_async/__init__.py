@@ -12,7 +12,7 @@ Each name below is imported on first use, so that importing one part of the pack
 import typing
 
 from executors import CmbsError, ExecutorError
-from executors._lazy import lazy_names
+from executors._lazy import lazy_names as _lazy_names
 
 if typing.TYPE_CHECKING:
     from .agents import (
@@ -236,4 +236,4 @@ _HOMES: dict[str, tuple[str, ...]] = {
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 
 
-__getattr__, __dir__ = lazy_names(__name__, _HOME, __all__)
+__getattr__, __dir__ = _lazy_names(__name__, _HOME, __all__)

@@ -7,7 +7,7 @@ loads no more than the errors (``cmbs-opa`` starts in a fraction of the time).
 
 import typing
 
-from ._lazy import lazy_names
+from ._lazy import lazy_names as _lazy_names
 
 if typing.TYPE_CHECKING:
     from .base import DEFAULT_OUTPUT_CAP, Executor, OutputBuffer, confine
@@ -41,4 +41,4 @@ _HOME = {
 }
 
 
-__getattr__, __dir__ = lazy_names(__name__, _HOME, __all__)
+__getattr__, __dir__ = _lazy_names(__name__, _HOME, __all__)
