@@ -140,11 +140,18 @@ def prepare_workdir(data: ScenarioData, workdir: str | Path, *, kind: Kind) -> s
     if missing:
         raise ItbenchError(f"a {kind.value} scenario needs vars.{missing[0]} in the scenario data")
     root = Path(workdir).absolute()
+    inventory, kubeconfig = root / "ansible.ini", root / "kubeconfig.yaml"
+    filled = {"kubeconfig": str(kubeconfig), "path_to_inventory": str(inventory)}
+    goal = _PLACEHOLDER.sub(
+        lambda m: filled.get(m.group(1), m.group(0)), data.goal_template.rstrip("\n")
+    )
+    left = _PLACEHOLDER.search(goal)
+    if left is not None:
+        raise ItbenchError(f"the goal names {left.group(0)}, which IT-Bench's harness never fills")
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise ItbenchError(f"{root} exists and is not an empty directory: name a new one")
     root.mkdir(parents=True, exist_ok=True)
     _write(root / "scenario_data.json", data.model_dump_json(by_alias=True), 0o600)
-    inventory, kubeconfig = root / "ansible.ini", root / "kubeconfig.yaml"
     if "ansible_user_key" in data.vars:
         _write(root / "user_key", _with_newline(data.vars["ansible_user_key"]), 0o600)
     if "ansible_ini" in data.vars:
@@ -153,13 +160,6 @@ def prepare_workdir(data: ScenarioData, workdir: str | Path, *, kind: Kind) -> s
         _write(inventory, _with_newline(text), 0o600)
     if "kubeconfig" in data.vars:
         _write(kubeconfig, _with_newline(data.vars["kubeconfig"]), 0o600)
-    filled = {"kubeconfig": str(kubeconfig), "path_to_inventory": str(inventory)}
-    goal = _PLACEHOLDER.sub(
-        lambda m: filled.get(m.group(1), m.group(0)), data.goal_template.rstrip("\n")
-    )
-    left = _PLACEHOLDER.search(goal)
-    if left is not None:
-        raise ItbenchError(f"the goal names {left.group(0)}, which IT-Bench's harness never fills")
     goal += f"\nYou can use `{root}` as your workdir.\n"
     _write(root / "goal.txt", goal, 0o644)
     return goal

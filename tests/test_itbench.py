@@ -259,16 +259,18 @@ def test_itbench_run_refuses_what_it_cannot_use(tmp_path: Path) -> None:
     used.mkdir()
     (used / "keep.txt").write_text("mine")
     whole, keyless = tmp_path / "whole.json", tmp_path / "keyless.json"
-    whole.write_text(
-        json.dumps({"goal": "Use ansible.", "vars": {"ansible_ini": "x", "ansible_user_key": "k"}})
-    )
+    whole_vars = {"ansible_ini": "x", "ansible_user_key": "k"}
+    whole.write_text(json.dumps({"goal": "Use ansible.", "vars": whole_vars}))
     keyless.write_text(json.dumps({"goal": "Use ansible.", "vars": {"ansible_ini": "x"}}))
     unknown = tmp_path / "unknown.json"
     unknown.write_text(json.dumps({"goal": "Do the thing.", "vars": {}}))
+    unfilled = tmp_path / "unfilled.json"
+    unfilled.write_text(json.dumps({"goal": "Use ansible on {{ host }}.", "vars": whole_vars}))
     for data, workdir, said in (
         (whole, used, "not an empty directory"),
         (keyless, tmp_path / "n", "needs vars.ansible_user_key"),
         (unknown, tmp_path / "n", "give --kind"),
+        (unfilled, tmp_path / "n", "the goal names {{ host }}"),
     ):
         done = cmbs(
             "itbench", "run", str(data), "--workdir", str(workdir), "--agent", f"script:{SOLVE}"
