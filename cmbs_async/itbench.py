@@ -18,13 +18,13 @@ import os
 import re
 import shutil
 import stat
-import sys
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -34,6 +34,7 @@ from executors.observation import CommandEnv, Observation
 
 from ._errors import CmbsError, one_line, validation_reason
 from .scenario import ScenarioSpec
+from .tools import tools_dir
 
 __all__ = [
     "APPENDIX",
@@ -43,6 +44,7 @@ __all__ = [
     "Kind",
     "ScenarioData",
     "agent_file",
+    "collected_kind",
     "evaluate",
     "guess_kind",
     "itbench_scenario",
@@ -188,20 +190,14 @@ def itbench_scenario(
 def write_tar(workdir: str | Path, tar_path: str | Path) -> None:
     """``tar -C WORKDIR -cf TAR .``, as the harness writes ``agent_data.tar``: links kept as
     links, the file made anew (never written through a link the agent left)."""
-    root, target = Path(workdir), Path(tar_path).absolute()
-    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "wb") as file, tarfile.open(fileobj=file, mode="w") as tar:
-            tar.add(root, arcname=".", filter=lambda info: None if _is(info, temporary) else info)
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+    with _replacing(Path(tar_path).absolute()) as (file, temporary):
+        with tarfile.open(fileobj=file, mode="w") as tar:
+            omit = os.path.basename(temporary)  # the tar itself, where it lies in the workdir
+            tar.add(workdir, arcname=".", filter=lambda i: None if _is(i, omit) else i)
 
 
-def _is(info: tarfile.TarInfo, path: str) -> bool:
-    return info.name.endswith("/" + os.path.basename(path))
+def _is(info: tarfile.TarInfo, name: str) -> bool:
+    return info.name.endswith("/" + name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +273,14 @@ async def evaluate(
     return Evaluation(passed, details | {"reason": f"{reason}; expected {expect!r}"})
 
 
+def collected_kind(root: Path) -> Kind | None:
+    """The kind whose collector ``root`` holds (a playbook, a kubectl script), if any."""
+    for kind, names in _COLLECTORS.items():
+        if any(os.path.lexists(root / name) for name in names):
+            return kind
+    return None
+
+
 def _scored_files(root: Path, kind: Kind, target: Path) -> tuple[dict[str, str], str] | str:
     """What the evaluator copies (the agent's collector and policy, its own target file)
     and the collector's name, or why there is nothing to score."""
@@ -305,9 +309,9 @@ def _said(observation: Observation) -> dict[str, Any]:
 
 
 def _opa() -> str:
-    """``opa`` where installed, else ``cmbs-opa`` (beside this Python, where it is)."""
+    """``opa`` where installed, else ``cmbs-opa`` (installed with cmbs)."""
     for name in ("opa", "cmbs-opa"):
-        found = shutil.which(name) or shutil.which(name, path=os.path.dirname(sys.executable))
+        found = shutil.which(name) or shutil.which(name, path=tools_dir())
         if found:
             return found
     return "opa"
@@ -345,11 +349,19 @@ def agent_file(path: Path) -> str | None:
 def replace_file(folder: Path, name: str, text: str) -> None:
     """Write ``folder/name`` anew, replacing whatever the agent left there (a symbolic
     link included: never written through)."""
-    fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
+    with _replacing(folder / name) as (file, _):
+        file.write(text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def _replacing(target: Path) -> Iterator[tuple[BinaryIO, str]]:
+    """A new file beside ``target``, renamed over it once written (a link there is
+    replaced, never followed), removed if writing fails; with its temporary path."""
+    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(text)
-        os.replace(temporary, folder / name)
+        with os.fdopen(fd, "wb") as file:
+            yield file, temporary
+        os.replace(temporary, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)

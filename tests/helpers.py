@@ -26,13 +26,16 @@ from cmbs_async.review import ReviewRequest, ReviewVerdict
 CMBS = [sys.executable, "-m", "cmbs_async"]
 
 
+#: A Rego policy for X11 forwarding (package ``check``, rule ``result``), as IT-Bench asks.
+POLICY = 'package check\n\ndefault result := false\n\nresult if input.x11_forwarding == "no"\n'
+
+
 def evaluated_files(x11_forwarding: str = "yes") -> dict[str, str]:
     """Starting files under which one plain command, :data:`EVALUATE` (cmbs-opa, an
     evaluator the CISO profile admits), is a real evaluation: it prints ``false`` for
     ``yes`` (the fault), ``true`` for ``no``."""
     return {
-        "policy.rego": "package check\n\ndefault result := false\n\n"
-        'result if input.x11_forwarding == "no"\n',
+        "policy.rego": POLICY,
         "collected_data.json": json.dumps({"x11_forwarding": x11_forwarding}) + "\n",
     }
 

@@ -13,17 +13,15 @@ from cmbs_async import ScenarioSpec, ScriptedAgent, run_scenario
 from cmbs_async.provenance import evaluator_refusal, plain_words
 from executors import LocalExecutor
 
-from .helpers import step
+from .helpers import EVALUATE, POLICY, step
 
 pytestmark = pytest.mark.anyio
 
-POLICY = 'package check\n\ndefault result := false\n\nresult if input.x11_forwarding == "no"\n'
 COLLECT = (
     "#!/bin/sh\n"
     "v=$(awk 'tolower($1) == \"x11forwarding\" { print tolower($2) }' sshd_config)\n"
     'printf \'{"x11_forwarding": "%s"}\\n\' "$v" > collected_data.json\n'
 )
-OPA = "cmbs-opa eval --data policy.rego --input collected_data.json data.check.result --format raw"
 SPEC = ScenarioSpec(
     id="fabrication",
     goal="check X11 forwarding",
@@ -60,23 +58,23 @@ FABRICATIONS = {
         write("policy.rego", POLICY, "generate_policy"),
         write("collect.sh", COLLECT),
         run("sh collect.sh"),
-        run(f"{OPA}; echo true", "execute_opa"),
+        run(f"{EVALUATE}; echo true", "execute_opa"),
     ],
-    "opa eval || echo true": [run(f"{OPA} || echo true", "execute_opa")],
+    "opa eval || echo true": [run(f"{EVALUATE} || echo true", "execute_opa")],
     "opa over input the agent wrote": [
         write("policy.rego", POLICY, "generate_policy"),
         write("collected_data.json", '{"x11_forwarding": "no"}\n'),
-        run(OPA, "execute_opa"),
+        run(EVALUATE, "execute_opa"),
     ],
     "opa over the agent's input by another path": [
         write("policy.rego", POLICY, "generate_policy"),
         write("data/in.json", '{"x11_forwarding": "no"}\n'),
-        run(OPA.replace("collected_data.json", "./data/../data/in.json"), "execute_opa"),
+        run(EVALUATE.replace("collected_data.json", "./data/../data/in.json"), "execute_opa"),
     ],
     "opa over the agent's input, the option glued": [
         write("policy.rego", POLICY, "generate_policy"),
         write("in.json", '{"x11_forwarding": "no"}\n'),
-        run(OPA.replace("--input collected_data.json", "--input=in.json"), "execute_opa"),
+        run(EVALUATE.replace("--input collected_data.json", "--input=in.json"), "execute_opa"),
     ],
     "the agent's opa first on PATH": [
         write("opa", "#!/bin/sh\necho true\n"),
@@ -112,7 +110,7 @@ async def test_the_same_evaluation_over_collected_input_earns_the_posture(
         write("policy.rego", POLICY, "generate_policy"),
         write("collect.sh", COLLECT),
         run("sh collect.sh"),  # a command writes the input: not a write action
-        run(OPA, "execute_opa"),
+        run(EVALUATE, "execute_opa"),
         step(
             "declare_posture",
             {"posture": "non_compliant"},
@@ -171,7 +169,7 @@ def test_quoted_operators_are_words(command: str, words: list[str]) -> None:
 
 
 def test_cmbs_opa_takes_no_abbreviated_option_the_gate_would_not_read(tmp_path: Path) -> None:
-    """`--inp FILE` is not `--input FILE` to OPA, nor to cmbs-opa: no input slips past."""
+    """`--inp FILE` is not `--input FILE` to EVALUATE, nor to cmbs-opa: no input slips past."""
     (tmp_path / "in.json").write_text('{"x11_forwarding": "no"}')
     (tmp_path / "policy.rego").write_text(POLICY)
     done = subprocess.run(

@@ -21,6 +21,7 @@ from ..itbench import (
     Kind,
     ScenarioData,
     agent_file,
+    collected_kind,
     evaluate,
     guess_kind,
     itbench_scenario,
@@ -169,8 +170,7 @@ def _kind_of(workdir: Path) -> Kind:
         kind = guess_kind(ScenarioData.model_validate_json(text or "").goal_template)
         if kind is not None:
             return kind
-    if (workdir / "playbook.yml").is_file():
-        return Kind.RHEL9_ANSIBLE_OPA
-    if (workdir / "script.sh").is_file() or (workdir / "fetcher.sh").is_file():
-        return Kind.KUBECTL_OPA
-    raise ItbenchError(f"cannot tell the scenario kind of {workdir}: give --kind")
+    collected = collected_kind(workdir)
+    if collected is None:
+        raise ItbenchError(f"cannot tell the scenario kind of {workdir}: give --kind")
+    return collected

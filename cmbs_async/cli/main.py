@@ -13,7 +13,6 @@ import importlib.util
 import json
 import os
 import sys
-import sysconfig
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, NoReturn
@@ -35,6 +34,7 @@ from ..review import ConsoleHuman, OpenAIReviewer, Review, load_config
 from ..runtime import run_scenario
 from ..scenario import ScenarioSpec, load_scenario
 from ..session import Session
+from ..tools import tools_dir
 from .audit import add_audit_commands, run_audit_command, write_checkpoint
 from .batch import add_batch_command, run_batch_command
 from .itbench import (
@@ -215,7 +215,7 @@ def _check_backend(backend: str) -> None:
 def _own_tools_on_path() -> None:
     """Local commands find the programs installed with cmbs (``cmbs-opa``) by name, as in
     an activated environment, however ``cmbs`` was started."""
-    scripts = sysconfig.get_path("scripts")
+    scripts = tools_dir()
     path = os.environ.get("PATH", os.defpath)
     if scripts not in path.split(os.pathsep):
         os.environ["PATH"] = os.pathsep.join([scripts, path])
