@@ -150,9 +150,25 @@ def prepare_workdir(data: ScenarioData, workdir: str | Path, *, kind: Kind) -> s
     left = _PLACEHOLDER.search(goal)
     if left is not None:
         raise ItbenchError(f"the goal names {left.group(0)}, which IT-Bench's harness never fills")
+    goal += f"\nYou can use `{root}` as your workdir.\n"
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise ItbenchError(f"{root} exists and is not an empty directory: name a new one")
-    root.mkdir(parents=True, exist_ok=True)
+    created = not root.exists()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _lay_out(root, data, inventory, kubeconfig, goal)
+    except OSError as exc:  # a full disk, a path that cannot be made: leave nothing behind
+        if created:
+            shutil.rmtree(root, ignore_errors=True)
+        else:  # it was empty: all it holds is ours
+            for child in root.iterdir() if root.is_dir() else ():
+                child.unlink(missing_ok=True)
+        raise ItbenchError(f"cannot prepare {root}: {exc.strerror or exc}") from exc
+    return goal
+
+
+def _lay_out(root: Path, data: ScenarioData, inventory: Path, kubeconfig: Path, goal: str) -> None:
+    """The harness's files in the new ``root``: from ``data``, and the filled ``goal``."""
     _write(root / "scenario_data.json", data.model_dump_json(by_alias=True), 0o600)
     if "ansible_user_key" in data.vars:
         _write(root / "user_key", _with_newline(data.vars["ansible_user_key"]), 0o600)
@@ -162,9 +178,7 @@ def prepare_workdir(data: ScenarioData, workdir: str | Path, *, kind: Kind) -> s
         _write(inventory, _with_newline(text), 0o600)
     if "kubeconfig" in data.vars:
         _write(kubeconfig, _with_newline(data.vars["kubeconfig"]), 0o600)
-    goal += f"\nYou can use `{root}` as your workdir.\n"
     _write(root / "goal.txt", goal, 0o644)
-    return goal
 
 
 def itbench_scenario(

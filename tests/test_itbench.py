@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tarfile
@@ -278,6 +279,27 @@ def test_itbench_run_refuses_what_it_cannot_use(tmp_path: Path) -> None:
         assert done.returncode == 2 and said in done.stderr, done.stderr
     assert not (tmp_path / "n").exists()
     assert (used / "keep.txt").read_text() == "mine"
+
+
+def test_a_full_disk_while_preparing_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    """A real write failure (the file size limit, as a full disk) halfway through DIR."""
+    data = tmp_path / "data.json"
+    vars_ = {"ansible_ini": "x", "ansible_user_key": "k" * 100_000}  # over the limit
+    data.write_text(json.dumps({"goal": "Use ansible.", "vars": vars_}))
+    for workdir in (tmp_path / "new" / "dir", tmp_path / "empty"):
+        if workdir.name == "empty":
+            workdir.mkdir()
+        done = subprocess.run(
+            [*CMBS, "itbench", "run", str(data), "--workdir", str(workdir)]
+            + ["--agent", f"script:{SOLVE}", "--no-audit"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, 10_000)),
+        )
+        assert done.returncode == 2, done.stderr
+        assert done.stderr == f"cmbs itbench: error: cannot prepare {workdir}: File too large\n"
+        assert not workdir.exists() or list(workdir.iterdir()) == []
 
 
 @pytest.mark.parametrize("kind", list(K8S_GOALS))
