@@ -280,7 +280,8 @@ async def evaluate(
         )
         details["evaluation"] = _said(evaluation)
     finally:
-        await executor.cleanup(fresh)
+        with anyio.CancelScope(shield=True):  # cancelled or not, the copy goes
+            await executor.cleanup(fresh)
     printed = evaluation.stdout.text.strip()
     passed = evaluation.success and printed == expect
     reason = f"printed {printed[:80]!r}" if evaluation.success else "the evaluation failed"

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,7 +31,7 @@ from cmbs_async.itbench import (
     prepare_workdir,
 )
 
-from .helpers import CMBS
+from .helpers import CMBS, POLICY, processes_with, unique_seconds
 from .sshd import ITBENCH_USER, LocalSshd, itbench_target, itbench_target_missing
 
 PACK = Path(__file__).parent.parent / "examples" / "ciso"
@@ -414,3 +416,49 @@ def test_what_the_agent_leaves_is_never_followed(tmp_path: Path) -> None:
     assert done.returncode == 1 and evaluation["pass"] is False
     assert evaluation["details"]["reason"].startswith("playbook.yml is not a regular")
     assert "secret" not in done.stdout
+
+
+def test_a_signal_stops_an_evaluation_and_leaves_nothing_running(tmp_path: Path) -> None:
+    """The agent's playbook, re-run by the evaluator, starts a detached process and
+    hangs; SIGTERM ends the evaluation: both processes die, its fresh copy is removed."""
+    if not (BIN / "ansible-playbook").exists():
+        if os.environ.get("CI"):
+            pytest.fail("CI must have ansible-core")
+        pytest.skip("needs ansible-core (the ciso extra)")
+    marker, hang = unique_seconds(), unique_seconds()
+    workdir, temporary = tmp_path / "agent", tmp_path / "tmp"
+    workdir.mkdir()
+    temporary.mkdir()
+    (workdir / "playbook.yml").write_text(
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        f"    - ansible.builtin.shell: '(setsid nohup sleep {marker} &) ; sleep {hang}'\n"
+    )
+    (workdir / "policy.rego").write_text(POLICY)
+    (tmp_path / "evaluator.ini").write_text("[rhel9_servers]\n")
+    process = subprocess.Popen(
+        [
+            *CMBS,
+            "itbench",
+            "evaluate",
+            str(workdir),
+            "--inventory",
+            str(tmp_path / "evaluator.ini"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "TMPDIR": str(temporary)},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not processes_with(hang) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert processes_with(marker) and processes_with(hang), "the playbook never ran"
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 143 and err == "cmbs itbench: interrupted\n", err
+    assert processes_with(marker) == [] and processes_with(hang) == []
+    assert list(temporary.iterdir()) == []  # the fresh copy is gone
+    assert sorted(p.name for p in workdir.iterdir()) == ["playbook.yml", "policy.rego"]

@@ -33,6 +33,7 @@ from ..itbench import (
 from ..profile import load_profile
 from ..result import ScenarioResult
 from ..scenario import ScenarioSpec
+from .signals import cancel_on_signals
 from .specs import add_sandbox_option, agent_from_spec, executor_from_spec
 
 __all__ = [
@@ -149,7 +150,7 @@ def run_evaluate(args: argparse.Namespace, containment: dict[str, Any]) -> int:
                 opa=args.opa,
             )
 
-    evaluation = anyio.run(score, backend=args.backend)
+    evaluation = anyio.run(cancel_on_signals, score, backend=args.backend)
     out = Path(args.out) if args.out else workdir / "evaluation.json"
     try:
         out.write_text(evaluation.to_json())
