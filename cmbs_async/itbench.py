@@ -153,13 +153,14 @@ def prepare_workdir(data: ScenarioData, workdir: str | Path, *, kind: Kind) -> s
     goal += f"\nYou can use `{root}` as your workdir.\n"
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise ItbenchError(f"{root} exists and is not an empty directory: name a new one")
-    created = not root.exists()
+    # the top-most directory this makes, if any: all under it is ours
+    created = next((p for p in (*reversed(root.parents), root) if not p.exists()), None)
     try:
         root.mkdir(parents=True, exist_ok=True)
         _lay_out(root, data, inventory, kubeconfig, goal)
     except OSError as exc:  # a full disk, a path that cannot be made: leave nothing behind
-        if created:
-            shutil.rmtree(root, ignore_errors=True)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
         else:  # it was empty: all it holds is ours
             for child in root.iterdir() if root.is_dir() else ():
                 child.unlink(missing_ok=True)

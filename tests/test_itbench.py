@@ -301,6 +301,7 @@ def test_a_full_disk_while_preparing_is_one_line_and_leaves_nothing(tmp_path: Pa
         )
         assert done.returncode == 2, done.stderr
         assert done.stderr == f"cmbs itbench: error: cannot prepare {workdir}: File too large\n"
+        assert not (tmp_path / "new").exists()  # the parent it made goes too
         assert not workdir.exists() or list(workdir.iterdir()) == []
 
 
