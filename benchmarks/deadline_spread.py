@@ -1,6 +1,7 @@
 """How late after its deadline each run ends, with many sandboxed runs at once.
 
-Run: ``python benchmarks/deadline_spread.py [--sizes 1,200,1000] [--deadline S]``. For each
+Run: ``python benchmarks/deadline_spread.py [--sizes 1,200,1000] [--deadline S]
+[--backend asyncio|trio]``. For each
 size, that many scenarios start together on one event loop, each with a 2 s deadline and
 one command that never ends (``sleep``; and one that ignores TERM and calls ``setsid``);
 prints how late after its deadline each run returned: median and max (target: every run
@@ -34,7 +35,11 @@ def step(command: str) -> str:
 
 
 async def spread(size: int, deadline: float, command: str) -> list[float]:
-    executor = LocalExecutor()
+    async with LocalExecutor() as executor:
+        return await _spread(executor, size, deadline, command)
+
+
+async def _spread(executor: LocalExecutor, size: int, deadline: float, command: str) -> list[float]:
     late: list[float] = []
 
     async def one(index: int) -> None:
@@ -50,7 +55,7 @@ async def spread(size: int, deadline: float, command: str) -> list[float]:
 
 
 async def main(sizes: list[int], deadline: float) -> None:
-    print(f"deadline {deadline:g} s; seconds after it that runs ended (sandbox: bwrap)")
+    print(f"deadline {deadline:g} s; seconds after it that runs ended (one sandbox a scenario)")
     print(f"{'in flight':>10}  {'command':<22} {'median':>7} {'max':>7}")
     for size in sizes:
         for name, command in COMMANDS.items():
@@ -62,5 +67,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,200,1000")
     parser.add_argument("--deadline", type=float, default=2.0)
+    parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     options = parser.parse_args()
-    anyio.run(main, [int(s) for s in options.sizes.split(",")], options.deadline)
+    sizes = [int(s) for s in options.sizes.split(",")]
+    anyio.run(main, sizes, options.deadline, backend=options.backend)

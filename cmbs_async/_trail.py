@@ -17,7 +17,7 @@ from .audit.writer import AuditWriter, open_audit_writer
 from .events import Events, logger
 from .gate import Decision
 from .profile import Profile
-from .protocol import Observation
+from .protocol import Containment, Observation
 from .records import (
     decision_record,
     end_record,
@@ -42,6 +42,9 @@ class Trail(Protocol):
     @property
     def stalled(self) -> bool:
         """A record was still not durable when its wait was cancelled (by the deadline)."""
+
+    async def begin(self, containment: Containment | None) -> None:
+        """Open the session: its first record says how the run's commands are contained."""
 
     async def step(self, number: int, message: AgentMessage, flags: tuple[Flag, ...]) -> None: ...
 
@@ -75,6 +78,9 @@ async def open_trail(
 class _Unaudited:
     stalled = False
 
+    async def begin(self, containment: Containment | None) -> None:
+        pass
+
     async def step(self, number: int, message: AgentMessage, flags: tuple[Flag, ...]) -> None:
         pass
 
@@ -98,6 +104,10 @@ class _Audited:
     @property
     def stalled(self) -> bool:
         return self._writer.stalled
+
+    async def begin(self, containment: Containment | None) -> None:
+        dumped = containment.model_dump(mode="json") if containment is not None else None
+        await self._writer.begin(containment=dumped)
 
     async def step(self, number: int, message: AgentMessage, flags: tuple[Flag, ...]) -> None:
         await self._writer.write(step_record(number, message, flags))

@@ -30,10 +30,11 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from executors import Executor
-from executors.observation import CommandEnv, Observation
+from executors.observation import CommandEnv, Network, Observation
 
 from ._errors import CmbsError, one_line, validation_reason
 from .scenario import ScenarioSpec
+from .targets import destinations_from_inventory, destinations_from_kubeconfig
 from .tools import tools_dir
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "load_scenario_data",
     "prepare_workdir",
     "replace_file",
+    "targets",
     "write_tar",
 ]
 
@@ -135,9 +137,16 @@ def guess_kind(goal: str) -> Kind | None:
     return None
 
 
-def prepare_workdir(data: ScenarioData, workdir: str | Path, *, kind: Kind) -> str:
+def prepare_workdir(
+    data: ScenarioData,
+    workdir: str | Path,
+    *,
+    kind: Kind,
+    owner: tuple[int, int] | None = None,
+) -> str:
     """Lay out ``workdir`` as IT-Bench's harness does and return the goal it would hand
-    the agent. ``workdir`` must be new or empty: nothing there is overwritten."""
+    the agent. ``workdir`` must be new or empty: nothing there is overwritten. ``owner``
+    (uid, gid) is given the directory and its files: who the agent's commands run as."""
     missing = [name for name in kind.needs if not data.vars.get(name)]
     if missing:
         raise ItbenchError(f"a {kind.value} scenario needs vars.{missing[0]} in the scenario data")
@@ -158,6 +167,9 @@ def prepare_workdir(data: ScenarioData, workdir: str | Path, *, kind: Kind) -> s
     try:
         root.mkdir(parents=True, exist_ok=True)
         _lay_out(root, data, inventory, kubeconfig, goal)
+        if owner is not None:
+            for path in (root, *root.iterdir()):
+                os.chown(path, *owner, follow_symlinks=False)
     except OSError as exc:  # a full disk, a path that cannot be made: leave nothing behind
         if created is not None:
             shutil.rmtree(created, ignore_errors=True)
@@ -183,11 +195,18 @@ def _lay_out(root: Path, data: ScenarioData, inventory: Path, kubeconfig: Path, 
 
 
 def itbench_scenario(
-    goal: str, workdir: str | Path, *, kind: Kind, deadline_s: float = DEADLINE_S
+    goal: str,
+    workdir: str | Path,
+    *,
+    kind: Kind,
+    deadline_s: float = DEADLINE_S,
+    network: Network | None = None,
 ) -> ScenarioSpec:
     """The scenario a prepared workdir runs as: IT-Bench's goal with :data:`APPENDIX`, its
     budget, the CISO profile; commands reach the kubeconfig by ``KUBECONFIG`` and new
-    hosts without a known host key, as in IT-Bench's agent container."""
+    hosts without a known host key, as in IT-Bench's agent container. Their network is
+    ``network``, by default only the targets its scenario data (``scenario_data.json`` in
+    DIR) names."""
     root = Path(workdir).absolute()
     env = {"ANSIBLE_HOST_KEY_CHECKING": "False"}
     if (root / "kubeconfig.yaml").exists():
@@ -199,7 +218,25 @@ def itbench_scenario(
         deadline_s=deadline_s,
         profile="ciso",
         env=env,
+        network=targets(load_scenario_data(root / "scenario_data.json"))
+        if network is None
+        else network,
     )
+
+
+def targets(data: ScenarioData) -> tuple[str, ...]:
+    """What the agent's commands may reach: the hosts of the scenario data's inventory and
+    the servers of its kubeconfig, and nothing else; :class:`ItbenchError` (one line) if
+    they cannot be read."""
+    found: list[str] = []
+    try:
+        if data.vars.get("ansible_ini"):
+            found += destinations_from_inventory(data.vars["ansible_ini"])
+        if data.vars.get("kubeconfig"):
+            found += destinations_from_kubeconfig(data.vars["kubeconfig"])
+    except ValueError as exc:
+        raise ItbenchError(f"the scenario data: {one_line(str(exc))}") from None
+    return tuple(dict.fromkeys(found))
 
 
 def write_tar(workdir: str | Path, tar_path: str | Path) -> None:
@@ -268,11 +305,20 @@ async def evaluate(
         collect = f"ansible-playbook -i inventory.ini {collector}"
     else:
         collect = f"sh {collector}"
-    fresh = await executor.prepare(None, files)
+    try:  # the agent's collector reaches the evaluator's target and nothing else
+        network = (
+            destinations_from_inventory(files["inventory.ini"])
+            if kind is Kind.RHEL9_ANSIBLE_OPA
+            else destinations_from_kubeconfig(files["kubeconfig.yaml"])
+        )
+    except ValueError as exc:
+        raise ItbenchError(f"the evaluator's target: {one_line(str(exc))}") from None
+    command_env = CommandEnv(values=env, readable=readable, network=network)
+    fresh = await executor.prepare(None, files, env=command_env)
     try:
         if kind is Kind.KUBECTL_OPA:
             env["KUBECONFIG"] = f"{fresh}/kubeconfig.yaml"
-        command_env = CommandEnv(values=env, readable=readable)
+            command_env = command_env.model_copy(update={"values": env})
         run = partial(executor.run_command, fresh, timeout=command_timeout_s, env=command_env)
         details["collector"] = _said(await run(collect))
         evaluation = await run(

@@ -13,7 +13,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from executors.observation import ENV_NAME, CommandEnv, Observation, Output, PassedName
+from executors.observation import (
+    ENV_NAME,
+    Check,
+    CommandEnv,
+    Containment,
+    Limits,
+    Network,
+    Observation,
+    Output,
+    PassedName,
+)
 
 __all__ = [
     "ENV_NAME",
@@ -25,12 +35,16 @@ __all__ = [
     "ArtifactPayload",
     "Assessment",
     "Belief",
+    "Check",
     "CommandEnv",
     "CommandPayload",
     "Commitment",
+    "Containment",
     "EmptyPayload",
     "EvidenceState",
+    "Limits",
     "MasksView",
+    "Network",
     "Observation",
     "Output",
     "PAYLOAD_MODELS",

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .protocol import MasksView, Posture, Verdict
+from .protocol import Containment, MasksView, Posture, Verdict
 
 __all__ = ["Outcome", "ScenarioResult", "TraceEntry"]
 
@@ -59,6 +59,8 @@ class ScenarioResult(BaseModel):
     workdir: str | None = None
     session_id: str | None = None
     sandbox: str | None = None
+    containment: Containment | None = None
+    cleanup_error: str | None = None
 
     @property
     def earned(self) -> bool:
@@ -78,6 +80,8 @@ class ScenarioResult(BaseModel):
             "workdir": self.workdir,
             "session_id": self.session_id,
             "sandbox": self.sandbox,
+            "containment": self.containment.model_dump(mode="json") if self.containment else None,
+            "cleanup_error": self.cleanup_error,
             "trace": [
                 {
                     "step": t.step,

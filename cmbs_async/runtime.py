@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,7 @@ from .protocol import (
     AgentStep,
     ArtifactPayload,
     CommandPayload,
+    Containment,
     Observation,
     Response,
     Turn,
@@ -106,8 +108,9 @@ class _Run:
     trace: list[TraceEntry] = field(default_factory=list)
     outcome: Outcome | None = None
     reason: str | None = None
-    containment: str | None = None  # what contained the commands, once the workdir exists
+    containment: Containment | None = None  # what contains the commands, once known
     workdir: str | None = None  # where the workdir is kept, once the run is over
+    cleanup_error: str | None = None  # why some of the workdir is left behind
 
     def __post_init__(self) -> None:
         self._goal = self.spec.rendered_goal()
@@ -133,9 +136,11 @@ class _Run:
 
 
 class _Workdir:
-    """The run's workdir: prepared on entry (``None`` if the executor cannot make one, and
-    :attr:`refused` says why); on exit cleaned up (shielded, bounded) and removed if the
-    run made it (the spec names none) and was not told to keep it."""
+    """The run's workdir: prepared on entry, with its sandbox proven (``None`` if the
+    executor cannot make one, and :attr:`refused` says why); on exit cleaned up (shielded,
+    bounded) and removed if the run made it (the spec names none) and was not told to keep
+    it. :attr:`containment` says how its commands are contained (what the canary found,
+    for a sandbox that leaked); :attr:`left` why some of it could not be removed."""
 
     def __init__(self, executor: Executor, spec: ScenarioSpec, *, keep: bool) -> None:
         self._executor = executor
@@ -144,21 +149,32 @@ class _Workdir:
         #: where the workdir is: ``None`` unless prepared, and once removed
         self.path: str | None = None
         self.refused: str | None = None
+        self.containment: Containment | None = None
+        self.left: str | None = None
 
     async def __aenter__(self) -> str | None:
+        spec = self._spec
         try:
             self.path = await self._executor.prepare(
-                self._spec.workdir, self._spec.rendered_files()
+                spec.workdir, spec.rendered_files(), env=spec.command_env()
             )
         except ExecutorError as exc:
             self.refused = str(exc)
+            found = getattr(exc, "containment", None)
+            self.containment = found if isinstance(found, Containment) else None
+            return None
+        self.containment = self._executor.containment_of(self.path)
         return self.path
 
     async def __aexit__(self, *exc_info: object) -> None:
         if self.path is None:
             return
         with anyio.move_on_after(_CLEANUP_TIMEOUT, shield=True):
-            await self._executor.cleanup(self.path, remove=self._remove)
+            try:
+                await self._executor.cleanup(self.path, remove=self._remove)
+            except ExecutorError as exc:
+                self.left = str(exc)
+                return
         if self._remove:
             self.path = None
 
@@ -181,7 +197,8 @@ async def run_scenario(
 ) -> ScenarioResult:
     """Run one scenario to its end and report how it ended.
 
-    ``executor`` defaults to a :class:`executors.LocalExecutor`; ``deadline`` (seconds)
+    ``executor`` defaults to a :class:`executors.LocalExecutor` made (and closed) for this
+    run alone, whose workdir root is a fresh temporary directory; ``deadline`` (seconds)
     and ``max_steps`` override the spec's. A temporary workdir (the spec names none) is
     removed afterwards unless ``keep_workdir``. ``review`` turns the review layer on;
     ``audit`` records every step, review, decision and observation, each durable before
@@ -198,30 +215,31 @@ async def run_scenario(
     raises) comes out as itself, not in an ``ExceptionGroup``.
     """
     started = anyio.current_time()
-    if executor is None:
-        executor = LocalExecutor()
-    if not isinstance(executor, Executor):
-        raise TypeError(f"{type(executor).__name__} does not implement the executor protocol")
-    options = _Options(
-        spec=spec,
-        executor=executor,
-        profile=profile or load_profile(spec.profile),
-        budget=deadline if deadline is not None else spec.deadline_s,
-        max_steps=max_steps or spec.max_steps,
-        keep_workdir=keep_workdir,
-        review=review,
-        audit=audit,
-        session_id=session_id or uuid.uuid4().hex,
-        rules=rules,
-    )
-    handle = handle or RunHandle()
-    with bound_contextvars(scenario_id=spec.id), anyio.CancelScope() as own:
-        handle.attach(own)
-        return await _run(options, agent, started, handle)
-    if handle.result is None:  # cancelled through the handle before the run got going
-        handle.finished(_unstarted(options, anyio.current_time() - started))
-    assert handle.result is not None
-    return handle.result
+    async with AsyncExitStack() as made:
+        if executor is None:  # made here, closed here
+            executor = await made.enter_async_context(LocalExecutor())
+        if not isinstance(executor, Executor):
+            raise TypeError(f"{type(executor).__name__} does not implement the executor protocol")
+        options = _Options(
+            spec=spec,
+            executor=executor,
+            profile=profile or load_profile(spec.profile),
+            budget=deadline if deadline is not None else spec.deadline_s,
+            max_steps=max_steps or spec.max_steps,
+            keep_workdir=keep_workdir,
+            review=review,
+            audit=audit,
+            session_id=session_id or uuid.uuid4().hex,
+            rules=rules,
+        )
+        handle = handle or RunHandle()
+        with bound_contextvars(scenario_id=spec.id), anyio.CancelScope() as own:
+            handle.attach(own)
+            return await _run(options, agent, started, handle)
+        if handle.result is None:  # cancelled through the handle before the run got going
+            handle.finished(_unstarted(options, anyio.current_time() - started))
+        assert handle.result is not None
+        return handle.result
 
 
 def _unstarted(options: _Options, duration: float) -> ScenarioResult:
@@ -285,15 +303,20 @@ async def _act(run: _Run, agent: Agent, options: _Options, ends_at: float) -> Ba
     try:
         with anyio.CancelScope(deadline=ends_at) as scope:
             async with workdir as path:
-                if path is None:  # the executor cannot work
+                run.containment = workdir.containment
+                await run.trail.begin(workdir.containment)
+                if path is None:  # the executor cannot work, or its sandbox leaks
                     run.finish(Outcome.EXECUTOR_ERROR, workdir.refused)
                 else:
                     await _actors(run, agent, options.executor, path)
     except anyio.get_cancelled_exc_class() as exc:
         run.finish(Outcome.CANCELLED, "cancelled from outside the run")
         return exc
+    except AuditError as exc:
+        run.finish(Outcome.AUDIT_ERROR, str(exc))
     finally:
         run.workdir = workdir.path
+        run.cleanup_error = workdir.left
     if scope.cancelled_caught:
         if run.trail.stalled:
             run.finish(
@@ -317,7 +340,6 @@ def _log_finished(result: ScenarioResult) -> None:
 
 
 async def _actors(run: _Run, agent: Agent, executor: Executor, workdir: str) -> None:
-    run.containment = executor.containment
     turns_send, turns_recv = anyio.create_memory_object_stream[Turn](_BUFFER)
     steps_send, steps_recv = anyio.create_memory_object_stream[_Said | _Failed](_BUFFER)
     requests_send, requests_recv = anyio.create_memory_object_stream[Decision](_BUFFER)
@@ -586,5 +608,7 @@ def _result(run: _Run, duration: float, session_id: str) -> ScenarioResult:
         masks=run.gate.masks_view,
         workdir=run.workdir,
         session_id=session_id,
-        sandbox=run.containment,
+        sandbox=run.containment.sandbox if run.containment is not None else None,
+        containment=run.containment,
+        cleanup_error=run.cleanup_error,
     )

@@ -7,14 +7,14 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ._errors import CmbsError, one_line, validation_reason
 from .profile import builtin_profiles
-from .protocol import ENV_NAME, CommandEnv, PassedName
+from .protocol import ENV_NAME, CommandEnv, Limits, Network, PassedName
 
 __all__ = ["ScenarioError", "ScenarioSpec", "load_scenario"]
 
@@ -37,11 +37,13 @@ class ScenarioSpec(BaseModel):
 
     Commands see only an allow-listed environment (``PATH``, ``LANG``, ``LC_*``, ``TERM``,
     ``TZ``) plus ``env`` (values, ``{{ var }}`` filled) and the operator's variables named
-    in ``pass_env`` (``KUBECONFIG``, say); ``network: none`` cuts sandboxed commands off
-    the network; ``readable`` lists host paths a sandboxed command may read although they
-    lie in a hidden place (the operator's home, the private ``/tmp``): an SSH key for the
-    target host, say. A leading ``~/`` in an ``env`` value or a ``readable`` path is the
-    operator's home.
+    in ``pass_env`` (``KUBECONFIG``, say); ``network`` is ``all`` (``on``), ``none`` or a
+    list of the only ``HOST:PORT`` destinations sandboxed commands reach; ``readable``
+    lists host paths a sandboxed command may read although hidden or root's: an SSH key
+    for the target host, say; ``limits`` bound what the scenario's commands use together
+    (processes, memory, the sizes of ``/tmp`` and ``/dev/shm``). A leading ``~/`` in an
+    ``env`` value or a ``readable`` path is the operator's home. A relative ``workdir``
+    lies under the executor's workdir root; an absolute one must.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -59,8 +61,9 @@ class ScenarioSpec(BaseModel):
     host_key: str | None = None
     env: dict[Annotated[str, Field(pattern=ENV_NAME)], str] = Field(default_factory=dict)
     pass_env: tuple[PassedName, ...] = ()
-    network: Literal["on", "none"] = "on"
+    network: Network = "all"
     readable: tuple[str, ...] = ()
+    limits: Limits = Field(default_factory=Limits)
 
     @model_validator(mode="after")
     def _placeholders_filled(self) -> ScenarioSpec:
@@ -99,8 +102,9 @@ class ScenarioSpec(BaseModel):
         return CommandEnv(
             values={name: _home(self._render(value)) for name, value in self.env.items()},
             pass_env=self.pass_env,
-            network=self.network == "on",
+            network=self.network,
             readable=tuple(os.path.expanduser(self._render(path)) for path in self.readable),
+            limits=self.limits,
         )
 
     def _render(self, text: str) -> str:

@@ -11,12 +11,13 @@ from ._lazy import lazy_names as _lazy_names
 
 if typing.TYPE_CHECKING:
     from .base import DEFAULT_OUTPUT_CAP, Executor, OutputBuffer, confine
-    from .errors import CmbsError, ExecutorError, PathRefused
+    from .errors import CleanupFailed, CmbsError, ExecutorError, PathRefused, SandboxLeak
     from .local import LocalExecutor
     from .null import NullExecutor
 
 __all__ = [
     "DEFAULT_OUTPUT_CAP",
+    "CleanupFailed",
     "CmbsError",
     "Executor",
     "ExecutorError",
@@ -24,6 +25,7 @@ __all__ = [
     "NullExecutor",
     "OutputBuffer",
     "PathRefused",
+    "SandboxLeak",
     "confine",
 ]
 
@@ -33,7 +35,9 @@ _HOME = {
     "Executor": "base",
     "OutputBuffer": "base",
     "confine": "base",
+    "CleanupFailed": "errors",
     "CmbsError": "errors",
+    "SandboxLeak": "errors",
     "ExecutorError": "errors",
     "PathRefused": "errors",
     "LocalExecutor": "local",

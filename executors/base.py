@@ -7,17 +7,19 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Protocol, Self, runtime_checkable
 
-from .errors import CmbsError, ExecutorError, PathRefused
-from .observation import CommandEnv, Observation, Output
+from .errors import CleanupFailed, CmbsError, ExecutorError, PathRefused, SandboxLeak
+from .observation import CommandEnv, Containment, Observation, Output
 
 __all__ = [
     "DEFAULT_OUTPUT_CAP",
+    "CleanupFailed",
     "Closing",
     "CmbsError",
     "Executor",
     "ExecutorError",
     "OutputBuffer",
     "PathRefused",
+    "SandboxLeak",
     "confine",
     "refused_artifact",
     "seed_files",
@@ -58,8 +60,19 @@ class Executor(Protocol):
         """What contains the commands (``"bwrap"``, ``"pidns"``, ``"none"``, ...)."""
         ...
 
-    async def prepare(self, workdir: str | None, files: Mapping[str, str]) -> str:
-        """Create the workdir (a fresh temporary one for ``None``), seed ``files``, return it."""
+    async def prepare(
+        self, workdir: str | None, files: Mapping[str, str], *, env: CommandEnv | None = None
+    ) -> str:
+        """Create the workdir (a fresh temporary one for ``None``), seed ``files``, return it.
+
+        ``env`` is what the scenario declares for its commands: a sandboxing executor
+        builds the workdir's sandbox from it now and proves it (:meth:`containment_of`),
+        raising :class:`SandboxLeak` if it does not hold.
+        """
+        ...
+
+    def containment_of(self, workdir: str) -> Containment:
+        """What contains the commands of a workdir :meth:`prepare` returned, as proven."""
         ...
 
     async def write_artifact(self, workdir: str, path: str, content: str) -> Observation:
@@ -71,12 +84,14 @@ class Executor(Protocol):
     ) -> Observation:
         """Run ``command`` through a shell in ``workdir``; kill all of it on timeout or cancel.
 
-        ``env`` is what the scenario declares for the command's environment (none: nothing).
+        ``env`` is what the scenario declares for the command's environment (none: what
+        :meth:`prepare` was given for the workdir).
         """
         ...
 
     async def cleanup(self, workdir: str, *, remove: bool = True) -> None:
-        """Let go of a workdir :meth:`prepare` returned; delete it too if ``remove``."""
+        """Let go of a workdir :meth:`prepare` returned (and its sandbox); delete it too if
+        ``remove``, raising :class:`CleanupFailed` if some of it is left."""
         ...
 
     async def aclose(self) -> None:

@@ -3,7 +3,7 @@ can raise without loading the rest."""
 
 from __future__ import annotations
 
-__all__ = ["CmbsError", "ExecutorError", "PathRefused"]
+__all__ = ["CleanupFailed", "CmbsError", "ExecutorError", "PathRefused", "SandboxLeak"]
 
 
 class CmbsError(Exception):
@@ -22,3 +22,18 @@ class ExecutorError(CmbsError, RuntimeError):
 
 class PathRefused(CmbsError, ValueError):
     """An artifact path would leave the workdir."""
+
+
+class SandboxLeak(ExecutorError):
+    """The canary found a new sandbox leaking (the message says what); nothing ran in it.
+
+    ``containment`` is the :class:`executors.observation.Containment` the canary measured.
+    """
+
+    def __init__(self, message: str, containment: object) -> None:
+        super().__init__(message)
+        self.containment = containment
+
+
+class CleanupFailed(ExecutorError):
+    """A workdir could not be removed after its run; the message says what is left."""

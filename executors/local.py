@@ -1,14 +1,18 @@
-"""The local executor: each shell command in a bubblewrap sandbox (see
-:mod:`executors.sandbox`), or, without one, in its own process group."""
+"""The local executor: each scenario's commands in a sandbox of its own (see
+:mod:`executors.sandbox` and :mod:`executors.sandboxes`), or, without one, each command
+in its own process group."""
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from functools import partial
+from pathlib import Path
+from pwd import getpwuid
 
 import anyio
 from anyio.abc import ByteReceiveStream, Process
@@ -21,37 +25,57 @@ from .base import (
     refused_artifact,
     seed_files,
 )
-from .observation import CommandEnv, Observation
+from .canary import prove
+from .errors import CleanupFailed, ExecutorError
+from .events import EventLogger
+from .observation import CommandEnv, Containment, Observation
 from .sandbox import (
     INSTALL_HINT,
     SANDBOX_HOME,
     SandboxMode,
+    SandboxSpec,
     SandboxUnavailable,
-    bwrap_argv,
+    SandboxUser,
+    check_root,
     check_workdir,
     command_env,
     default_hidden,
     find_bwrap,
+    sandbox_user,
 )
+from .sandboxes import Exit, Run, Sandbox, SandboxBroken, start_sandbox
 from .workdir import Workdirs
 
 __all__ = ["LocalExecutor"]
 
-_CHILD_PID = re.compile(rb'"child-pid":\s*(\d+)')
+_log = EventLogger("cmbs_async.sandbox")
+
+#: How a limit a command ran into is said in its observation.
+_LIMITS = {
+    "pids": "ran into the scenario's process limit ({} processes)",
+    "memory": "ran into the scenario's memory limit ({} bytes)",
+    "tmp": "filled the scenario's /tmp ({} bytes)",
+    "shm": "filled the scenario's /dev/shm ({} bytes)",
+}
 
 
 class LocalExecutor(Closing):
     """Runs commands with ``/bin/sh -c`` in the workdir and writes artifacts inside it.
 
-    ``sandbox``: ``"bwrap"`` runs every command in a bubblewrap sandbox (its own PID
-    namespace: when its shell exits, or on a time-out or cancellation, every process it
-    started dies with it); ``"none"`` runs it in a new session whose process group is
-    killed (TERM, ``kill_grace`` seconds, KILL), which a command that calls ``setsid``
-    escapes; ``"auto"`` (the default) takes bwrap where it works here, else none, which
-    :attr:`containment` then says. ``hidden`` names paths a sandboxed command must not
-    see, besides the operator's home and the cmbs data directory. Output is capped at
-    ``output_cap`` bytes per stream; reading stops ``drain_grace`` seconds after the
-    shell exits even if something still holds the pipe.
+    ``sandbox``: ``"bwrap"`` gives each prepared workdir (each scenario) a bubblewrap
+    sandbox, proven by a canary before anything runs in it; its commands run as ``user``
+    (``nobody`` when cmbs runs as root), each in a PID namespace of its own, so that when
+    it exits, or on a time-out or cancellation, every process it started dies with it.
+    ``"none"`` runs each command in a new session whose process group is killed (TERM,
+    ``kill_grace`` seconds, KILL), which a command that calls ``setsid`` escapes;
+    ``"auto"`` (the default) takes bwrap where it works here, else none, which
+    :attr:`containment` then says.
+
+    Workdirs live under ``workdir_root`` (by default a fresh temporary directory, removed
+    with the executor once empty): a workdir elsewhere is refused. ``hidden`` names paths
+    a sandboxed command must not see, besides the operator's home and the cmbs data
+    directory. Output is capped at ``output_cap`` bytes per stream; reading stops
+    ``drain_grace`` seconds after a command ends even if something still holds the pipe.
     """
 
     def __init__(
@@ -59,6 +83,8 @@ class LocalExecutor(Closing):
         *,
         sandbox: SandboxMode = "auto",
         hidden: Sequence[str] = (),
+        workdir_root: str | None = None,
+        user: str | int | SandboxUser | None = None,
         output_cap: int = DEFAULT_OUTPUT_CAP,
         kill_grace: float = 0.5,
         drain_grace: float = 0.2,
@@ -71,44 +97,130 @@ class LocalExecutor(Closing):
                 f"bubblewrap (bwrap) is not available here; install it: {INSTALL_HINT}"
             )
         self._bwrap = bwrap
+        self._user = sandbox_user(user) if bwrap is not None else None
         self._hidden = (*default_hidden(), *hidden)
+        self._root_given = os.path.realpath(workdir_root) if workdir_root is not None else None
+        if self._root_given is not None:
+            check_root(self._root_given, hidden=self._hidden)
+        self._root: str | None = None
+        self._made: str | None = None  # the topmost directory making the given root made
         self.output_cap = output_cap
         self.kill_grace = kill_grace
         self.drain_grace = drain_grace
         self._workdirs = Workdirs()
+        self._users: dict[str, SandboxUser] = {}  # who each prepared workdir's commands run as
+        self._sandboxes: dict[tuple[str, str], Sandbox] = {}
+        self._starting: dict[tuple[str, str], anyio.Lock] = {}
+        self._reports: dict[str, Containment] = {}
+        self._declared: dict[str, CommandEnv] = {}  # what prepare was told, by workdir
 
     @property
     def containment(self) -> str:
         """``"bwrap"`` or ``"none"``: what contains this executor's commands."""
         return "bwrap" if self._bwrap is not None else "none"
 
-    async def prepare(self, workdir: str | None, files: Mapping[str, str]) -> str:
-        """Create the workdir and hold it open (see :mod:`executors.workdir`), then seed it.
+    @property
+    def workdir_root(self) -> str:
+        """Where this executor's workdirs live (made on first use: a fresh temporary
+        directory if none was given)."""
+        if self._root is None:
+            if self._root_given is None:
+                self._root = os.path.realpath(tempfile.mkdtemp(prefix="cmbs-workdirs-"))
+            else:
+                given = Path(self._root_given)
+                made = next((p for p in (*reversed(given.parents), given) if not p.exists()), None)
+                try:
+                    os.makedirs(given, mode=0o700, exist_ok=True)
+                except OSError as exc:
+                    raise ExecutorError(
+                        f"cannot make the workdir root {given}: {exc.strerror}"
+                    ) from None
+                self._made = str(made) if made is not None else None
+                self._root = self._root_given
+        return self._root
 
-        Sandboxed, a workdir that would expose what the sandbox hides is refused.
+    @property
+    def user(self) -> SandboxUser | None:
+        """Who every sandboxed command runs as, if one user is fixed (named, or the operator
+        where cmbs does not run as root); ``None`` where each workdir gets a user of its
+        own (:meth:`SandboxUser.fresh`), and without a sandbox."""
+        return self._user
+
+    async def prepare(
+        self, workdir: str | None, files: Mapping[str, str], *, env: CommandEnv | None = None
+    ) -> str:
+        """Create the workdir under the root and hold it open (see :mod:`executors.workdir`),
+        seed it, and, sandboxed, start its sandbox and prove it with the canary.
+
+        A workdir outside the root, or one that would expose what the sandbox hides, is
+        refused (:class:`ExecutorError`); a sandbox that leaks raises :class:`SandboxLeak`.
         """
-        if workdir is not None and self._bwrap is not None:
-            check_workdir(workdir, hidden=self._hidden)
-        prepared = await anyio.to_thread.run_sync(self._workdirs.open, workdir)
+        root = self.workdir_root
+        if workdir is not None:
+            workdir = self.check_workdir(workdir)
+        user = (self._user or SandboxUser.fresh()) if self._bwrap is not None else None
+        owner = (user.uid, user.gid) if user is not None and user.uid != os.geteuid() else None
+        open_ = partial(self._workdirs.open, workdir, root=root, owner=owner)
+        prepared = await anyio.to_thread.run_sync(open_)
+        if user is not None:
+            self._users[prepared] = user
         try:
             await seed_files(self, prepared, files)
+            self._declared[prepared] = env or CommandEnv()
+            if self._bwrap is not None:
+                await self._sandbox(prepared, self._declared[prepared])
         except BaseException:
             with anyio.CancelScope(shield=True):
+                await self._forget(prepared)
                 release = partial(self._workdirs.release, prepared, remove=workdir is None)
-                await anyio.to_thread.run_sync(release)
+                with suppress(CleanupFailed):
+                    await anyio.to_thread.run_sync(release)
             raise
         return prepared
 
+    def check_workdir(self, workdir: str) -> str:
+        """Where ``workdir`` lies (a relative one: under the root), or :class:`ExecutorError`
+        if it is outside the root or would expose what the sandbox hides."""
+        path = os.path.join(self.workdir_root, workdir)
+        check_workdir(path, hidden=self._hidden, root=self.workdir_root)
+        return path
+
+    def containment_of(self, workdir: str) -> Containment:
+        found = self._reports.get(workdir)
+        if found is not None:
+            return found
+        if self._bwrap is not None:  # not prepared: nothing is proven yet
+            return Containment(sandbox="bwrap", user=str(self._users.get(workdir, self._user)))
+        me = getpwuid(os.geteuid())
+        return Containment(sandbox="none", user=f"{me.pw_name} ({me.pw_uid})")
+
     async def cleanup(self, workdir: str, *, remove: bool = True) -> None:
+        await self._forget(workdir)
         await anyio.to_thread.run_sync(partial(self._workdirs.release, workdir, remove=remove))
 
     async def aclose(self) -> None:
-        """Let go of every workdir still held (none is deleted)."""
+        """Close every sandbox and let go of every workdir still held (none is deleted);
+        the workdir root goes if it is empty and was made here (a temporary one, or a
+        given one that did not exist)."""
         with anyio.CancelScope(shield=True):
+            sandboxes, self._sandboxes = self._sandboxes, {}
+            for sandbox in sandboxes.values():
+                await sandbox.aclose()
             await anyio.to_thread.run_sync(self._workdirs.release_all)
+            if self._root is not None and self._root_given is None:
+                with suppress(OSError):
+                    os.rmdir(self._root)
+            elif self._made is not None and self._root is not None:  # what it made, if empty
+                for path in (self._root, *map(str, Path(self._root).parents)):
+                    with suppress(OSError):
+                        os.rmdir(path)
+                    if path == self._made:
+                        break
 
     async def write_artifact(self, workdir: str, path: str, content: str) -> Observation:
         start = anyio.current_time()
+        if not self._workdirs.holds(workdir):  # not prepared here: under the root, or refused
+            self.check_workdir(workdir)
         try:
             data = content.encode()
             await anyio.to_thread.run_sync(self._workdirs.write, workdir, path, data)
@@ -129,17 +241,143 @@ class LocalExecutor(Closing):
         self, workdir: str, command: str, *, timeout: float | None, env: CommandEnv | None = None
     ) -> Observation:
         start = anyio.current_time()
+        declared = env or self._declared.get(workdir) or CommandEnv()
+        if "\x00" in command:
+            return _not_started(command, "a NUL byte in the command", start)
+        if self._bwrap is None:
+            return await self._run_bare(workdir, command, timeout, declared, start)
+        real = await anyio.Path(workdir).resolve()
+        sandbox = await self._sandbox(str(real), declared)
+        stdout, stderr = OutputBuffer(self.output_cap), OutputBuffer(self.output_cap)
+        ran = await Run.start(sandbox, command, command_env(declared, home=SANDBOX_HOME), workdir)
+        if isinstance(ran, str):
+            return _not_started(command, ran, start)
+        try:
+            with anyio.move_on_after(timeout) as scope:
+                await ran.collect(stdout, stderr, self.drain_grace)
+        except BaseException:  # cancelled: KILL it; its end needs no witness (nor waiting)
+            ran.abandon()
+            raise
+        with anyio.CancelScope(shield=True):
+            await ran.end(self.kill_grace)
+        timed_out = scope.cancelled_caught
+        observed = self._observed(
+            command, ran.exit, sandbox, timed_out, timeout, stdout, stderr, start
+        )
+        if sandbox.broker is not None:  # network by allow-list: what it refused, said
+            observed = await sandbox.broker.observe(observed)
+        return observed
+
+    # -- the sandbox of a workdir -------------------------------------------------------
+    async def _sandbox(self, workdir: str, env: CommandEnv) -> Sandbox:
+        """The sandbox of ``workdir`` for what ``env`` declares (made and proven once)."""
+        assert self._bwrap is not None
+        key = (workdir, env.model_dump_json(include={"network", "readable", "limits"}))
+        found = self._sandboxes.get(key)
+        if found is not None:
+            return found
+        lock = self._starting.setdefault(key, anyio.Lock())
+        async with lock:
+            found = self._sandboxes.get(key)
+            if found is not None:
+                return found
+            check_workdir(workdir, hidden=self._hidden, root=self.workdir_root)
+            spec = SandboxSpec.of(
+                workdir,
+                env,
+                root=self.workdir_root,
+                user=self._users.get(workdir) or self._user or SandboxUser.fresh(),
+                hidden=self._hidden,
+            )
+            try:
+                sandbox = await start_sandbox(
+                    self._bwrap, spec, env=command_env(env, home=SANDBOX_HOME)
+                )
+            except SandboxBroken as exc:
+                raise ExecutorError(str(exc)) from None
+            try:
+                self._reports[workdir] = await self._prove(sandbox, workdir, env)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await sandbox.aclose()
+                raise
+            self._sandboxes[key] = sandbox
+        self._starting.pop(key, None)
+        return sandbox
+
+    async def _prove(self, sandbox: Sandbox, workdir: str, env: CommandEnv) -> Containment:
+        """Run the canary in the new sandbox: its report, or :class:`SandboxLeak`."""
+        spec = sandbox.spec
+        unasked = {"pids", "memory"} - sandbox.limits.keys()
+        asked = unasked & env.limits.model_fields_set - {
+            name for name in unasked if getattr(env.limits, name) is None
+        }
+        if asked:
+            raise ExecutorError(
+                f"the {' and '.join(sorted(asked))} limit cannot be enforced here: "
+                f"{sandbox.unenforced}"
+            )
+        if unasked and any(getattr(spec.limits, name) is not None for name in unasked):
+            _log.info("sandbox.limits_not_enforced", limits=sorted(unasked), why=sandbox.unenforced)
+        return await prove(
+            sandbox, workdir=workdir, hidden=self._hidden, kill_grace=self.kill_grace
+        )
+
+    async def _forget(self, workdir: str) -> None:
+        """Close the sandboxes of ``workdir``."""
+        self._reports.pop(workdir, None)
+        self._declared.pop(workdir, None)
+        self._users.pop(workdir, None)
+        for key in [key for key in self._sandboxes if key[0] == workdir]:
+            await self._sandboxes.pop(key).aclose()
+
+    def _observed(
+        self,
+        command: str,
+        exit: Exit | None,
+        sandbox: Sandbox,
+        timed_out: bool,
+        timeout: float | None,
+        stdout: OutputBuffer,
+        stderr: OutputBuffer,
+        start: float,
+    ) -> Observation:
+        status = exit.status if exit is not None else None
+        hit = exit.limits_hit if exit is not None else ()
+        limits = sandbox.limits
+        said = [_LIMITS[name].format(limits.get(name, "?")) for name in hit if name in _LIMITS]
+        if timed_out:
+            said.insert(0, f"command timed out after {timeout:g} s")
+        return Observation(
+            kind="command",
+            command=command,
+            success=not timed_out and status == 0 and not hit,
+            exit_status=status,
+            program_found=None if timed_out or status is None else status != 127,
+            timed_out=timed_out,
+            error="; ".join(said) or None,
+            limits_hit=hit,
+            stdout=stdout.output(),
+            stderr=stderr.output(),
+            duration_s=anyio.current_time() - start,
+        )
+
+    # -- without a sandbox ------------------------------------------------------------
+    async def _run_bare(
+        self, workdir: str, command: str, timeout: float | None, declared: CommandEnv, start: float
+    ) -> Observation:
+        check_workdir(workdir, hidden=(), root=self.workdir_root)
         stdout, stderr = OutputBuffer(self.output_cap), OutputBuffer(self.output_cap)
         try:
-            process, sandbox = await self._start(workdir, command, env or CommandEnv())
-        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the command
-            return Observation(
-                kind="command",
-                command=command,
-                success=False,
-                error=f"cannot start the command: {getattr(exc, 'strerror', None) or exc}",
-                duration_s=anyio.current_time() - start,
+            process = await anyio.open_process(
+                ["/bin/sh", "-c", command],
+                cwd=workdir,
+                env=command_env(declared, home=None),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
+        except OSError as exc:
+            return _not_started(command, exc.strerror or str(exc), start)
         timed_out = False
         try:
             with anyio.move_on_after(timeout) as scope:
@@ -147,7 +385,12 @@ class LocalExecutor(Closing):
             timed_out = scope.cancelled_caught
         finally:
             with anyio.CancelScope(shield=True):
-                await self._reap(process, sandbox)
+                await self._kill_group(process)
+                with anyio.move_on_after(self.kill_grace):
+                    await process.wait()
+                if process.returncode is None:
+                    process.kill()
+                await process.aclose()
         status = process.returncode
         found = None if timed_out or status is None or status < 0 else status != 127
         return Observation(
@@ -162,45 +405,6 @@ class LocalExecutor(Closing):
             stderr=stderr.output(),
             duration_s=anyio.current_time() - start,
         )
-
-    async def _start(
-        self, workdir: str, command: str, declared: CommandEnv
-    ) -> tuple[Process, _Sandbox | None]:
-        shell = ["/bin/sh", "-c", command]
-        if self._bwrap is None:
-            process = await anyio.open_process(
-                shell,
-                cwd=workdir,
-                env=command_env(declared, home=None),
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            return process, None
-        where = str(await anyio.Path(workdir).resolve())
-        info_read, info_write = os.pipe()
-        try:
-            argv = bwrap_argv(
-                self._bwrap,
-                where,
-                hidden=self._hidden,
-                readable=declared.readable,
-                env=command_env(declared, home=SANDBOX_HOME),
-                network=declared.network,
-                info_fd=info_write,
-            )
-            process = await anyio.open_process(
-                [*argv, *shell],
-                env={},
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                pass_fds=(info_write,),
-            )
-        except BaseException:
-            os.close(info_read)
-            raise
-        finally:
-            os.close(info_write)
-        return process, _Sandbox(info_read)
 
     async def _collect(self, process: Process, stdout: OutputBuffer, stderr: OutputBuffer) -> None:
         drained = anyio.Event()
@@ -224,19 +428,6 @@ class LocalExecutor(Closing):
                 await drained.wait()
             tg.cancel_scope.cancel()
 
-    async def _reap(self, process: Process, sandbox: _Sandbox | None) -> None:
-        """Make sure nothing the command started is left, then release the process."""
-        if sandbox is not None:
-            with sandbox:
-                await sandbox.end(process, self.kill_grace)
-        else:
-            await self._kill_group(process)
-        with anyio.move_on_after(self.kill_grace):
-            await process.wait()
-        if process.returncode is None:
-            process.kill()
-        await process.aclose()
-
     async def _kill_group(self, process: Process) -> None:
         """TERM the process group, a grace, then KILL what is left of it."""
         group = process.pid
@@ -252,44 +443,14 @@ class LocalExecutor(Closing):
                 return
 
 
-class _Sandbox:
-    """The handle on one command's bwrap sandbox: its info pipe tells the sandbox's init."""
-
-    def __init__(self, info_fd: int) -> None:
-        self._info = info_fd
-
-    async def end(self, process: Process, grace: float) -> None:
-        """KILL the sandbox if it still runs; wait (at most ``grace``) for its PID namespace
-        to be empty.
-
-        bwrap may return as soon as the command's shell exits; the namespace's init dies
-        after it, and only once the init is gone has the kernel killed every process of
-        the namespace. So the wait is on the init (a pidfd), in every case.
-        """
-        init = self._init_pidfd()
-        if process.returncode is None:
-            _signal_group(process.pid, signal.SIGKILL)  # bwrap and its init: same group
-        if init is None:
-            return
-        try:
-            with anyio.move_on_after(grace):
-                await anyio.wait_readable(init)
-        finally:
-            os.close(init)
-
-    def _init_pidfd(self) -> int | None:
-        os.set_blocking(self._info, False)
-        try:
-            found = _CHILD_PID.search(os.read(self._info, 4096))
-            return os.pidfd_open(int(found.group(1))) if found else None
-        except OSError:  # not written yet (nothing started), or the init is gone already
-            return None
-
-    def __enter__(self) -> _Sandbox:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        os.close(self._info)
+def _not_started(command: str, reason: str, start: float) -> Observation:
+    return Observation(
+        kind="command",
+        command=command,
+        success=False,
+        error=f"cannot start the command: {reason}",
+        duration_s=anyio.current_time() - start,
+    )
 
 
 def _signal_group(group: int, signum: int) -> bool:

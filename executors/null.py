@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .base import Closing
-from .observation import CommandEnv, Observation
+from .observation import CommandEnv, Containment, Observation
 
 __all__ = ["NullExecutor"]
 
@@ -16,8 +16,13 @@ __all__ = ["NullExecutor"]
 class NullExecutor(Closing):
     """Every command exits 0 with no output; every artifact is 'written' nowhere."""
 
-    async def prepare(self, workdir: str | None, files: Mapping[str, str]) -> str:
+    async def prepare(
+        self, workdir: str | None, files: Mapping[str, str], *, env: CommandEnv | None = None
+    ) -> str:
         return workdir or "."
+
+    def containment_of(self, workdir: str) -> Containment:
+        return Containment(sandbox=self.containment)
 
     async def write_artifact(self, workdir: str, path: str, content: str) -> Observation:
         return Observation(kind="artifact", path=path, success=True)

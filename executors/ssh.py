@@ -1,51 +1,53 @@
 """The SSH executor: the agent's commands and artifacts on a remote host, over asyncssh.
 
-One pooled connection per (user, host, port), shared by every scenario that uses the
-same executor, with at most ``max_channels`` sessions open on it at once (OpenSSH's
-MaxSessions is 10 and 10 in flight still fails sometimes). A refused channel open is
-retried; a dropped connection is re-made on next use. asyncssh runs on asyncio only.
+Connections take nothing from the operator's interactive SSH setup: no ``~/.ssh/config``
+(``config=[]``), no ssh-agent (neither used nor forwarded), no X11, GSS, PKCS#11,
+host-based, password or keyboard-interactive authentication; only what :class:`SSHTarget`
+holds (host, port, user, identity files, known hosts or a pinned key, a jump host). Host
+names are checked (a DNS name, an IPv4 address, an IPv6 one in brackets) when a target is
+made. asyncssh runs on asyncio only.
 
-Containment (:attr:`SSHExecutor.containment`, probed once per connection, in the order
-of ``containments``): ``"pidns"`` runs each command's shell as the init of a new PID
-namespace (``unshare --fork --pid --kill-child``, as root); ``"bwrap"`` does the same
-with bubblewrap (``--unshare-pid --die-with-parent``; note that bwrap forbids gaining
-privileges, so ``sudo`` fails inside); when that init ends, the kernel kills everything
-left in the namespace, background jobs, ``setsid``, ``nohup`` and double forks included.
-``"session-kill"`` is the fallback: when the command ends, every process of its login
-session, or carrying the command's tag in its environment, is killed (what clears its
-environment and calls ``setsid`` escapes it). The host's ``/proc`` stays visible, so
-``ps`` and ``pgrep`` see the host as usual.
+Each prepared workdir gets one remote launcher (:mod:`executors.remote_launcher`), started
+on one session channel as ``python3 -I -S`` reading its code on stdin, and kept for the
+scenario: it holds the workdir by a descriptor, builds the scenario's sandbox once, runs
+its canary, then runs each command, writes artifacts, kills and cleans up, all in frames
+on that channel (environment values too: never in an argument vector). Commands never get
+its descriptors, so nothing they print or do answers for it. A connection carries up to
+``max_channels`` launchers; more scenarios open more connections; a dropped connection
+is re-made, and the workdir's launcher started again, on next use.
 
-Each command's wrapper prints a per-command nonce and its process group on stderr
-(found anywhere in the stream, whatever the login shell prints first, and stripped
-again); on a time-out or a cancellation the group is killed from a second channel
-(TERM, a short grace, KILL), in a shielded scope. The channel's stdin is held by a
-small watchdog: when the channel closes or the connection drops (the sshd process
-serving it dies), the watchdog kills the command. The command's own stdin is
-``/dev/null``.
+Containment (``containments``, the first the host allows; by default :data:`SANDBOXES`):
+``pidns`` (root: the launcher makes the sandbox) and ``bwrap`` (bubblewrap, root or
+unprivileged user namespaces) run commands in a mount namespace where everything is
+read-only but the workdir and private tmpfs (``/tmp`` with ``HOME``, ``/dev/shm``,
+``/run``, the login's ``~/.ssh``), each command without capabilities and the PID 1 of a
+PID namespace of its own (nothing it starts outlives it), so no command can change what
+the login's sessions run (``~/.ssh/rc``, ``~/.bashrc``). ``session-kill`` is no sandbox,
+used only where configured (``containments=("session-kill",)``); the canary then lists
+what it does not protect.
 
-Artifacts are written by a small POSIX helper, not SFTP (whose path lookups follow any
-link a racing process swaps in): it enters the workdir and each parent with ``cd -P``
-and checks, with the kernel's ``getcwd`` (``/bin/pwd -P``), that it is still inside;
-then writes a fresh file created exclusively in that directory and renames it over the
-final name (``mv -T``), so a hard or symbolic link there is replaced, never written
-through. The workdir's real path and inode, taken by :meth:`SSHExecutor.prepare`, are
-checked before every write: a workdir deleted or replaced (by a symbolic link, say) is
-an :class:`ExecutorError`.
+On a time-out or a cancellation the launcher gets ``kill``: TERM to the command's group,
+``kill_grace``, KILL to all of it. A launcher that does not answer (stopped, or the sshd
+under it stopped: possible without a sandbox only) is killed from a fresh connection with
+everything below it; so a deadline is stretched by the grace, a second and one login at
+most.
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import functools
+import ipaddress
 import os
 import re
 import secrets
 import shlex
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from pathlib import PurePosixPath
-from typing import Any, TypeVar
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
@@ -53,94 +55,47 @@ import asyncssh
 
 from .base import (
     DEFAULT_OUTPUT_CAP,
+    CleanupFailed,
     Closing,
     ExecutorError,
     OutputBuffer,
     PathRefused,
+    SandboxLeak,
     confine,
     refused_artifact,
-    seed_files,
 )
 from .events import EventLogger
-from .observation import CommandEnv, Observation
+from .observation import Check, CommandEnv, Containment, Observation, Output
+from .remote_launcher import MAX_DEPTH, FrameReader, encode
 
 __all__ = [
     "CONTAINMENTS",
+    "SANDBOXES",
+    "SSHAuthRefused",
     "SSHExecutor",
     "SSHHostKeyRejected",
-    "SSHAuthRefused",
+    "SSHLauncherUnavailable",
     "SSHTarget",
     "SSHUnreachable",
     "read_identity",
 ]
 
 _log = EventLogger("cmbs_async.ssh")
-T = TypeVar("T")
+Meta = dict[str, Any]
 
-#: What may contain the remote commands, strongest first (see the module docstring).
+#: Every containment there is, strongest first (see the module docstring).
 CONTAINMENTS = ("pidns", "bwrap", "session-kill")
+#: What is tried unless the operator says otherwise: the sandboxes only.
+SANDBOXES = ("pidns", "bwrap")
 
-# How each containment starts the command's shell: as a PID namespace's init that dies
-# with its launcher (unshare --kill-child, bwrap --die-with-parent), or plainly.
-_LAUNCH = {
-    "pidns": "unshare --fork --pid --kill-child -- ",
-    "bwrap": "bwrap --dev-bind / / --unshare-pid --die-with-parent -- ",
-    "session-kill": "",
-}
-
-# KILL every process of session {sid} (pgrep, where procps is installed) or tagged
-# CMBS_RUN={tag} (GNU grep), zombies aside, but this shell, until a pass finds none
-# (what was forked meanwhile is caught by the next pass).
-_SWEEP = (
-    "n=1; i=0; while [ $n = 1 ] && [ $i -lt 20 ]; do n=0; i=$((i+1)); "
-    "for p in $(pgrep -s {sid} 2>/dev/null) $(grep -lsxz CMBS_RUN={tag} /proc/[0-9]*/environ); "
-    'do p=${{p#/proc/}}; p=${{p%/environ}}; [ "$p" = $$ ] && continue; '
-    '{{ read -r s < "/proc/$p/stat"; }} 2>/dev/null || continue; '
-    'case ${{s##*) }} in Z*|X*) continue;; esac; kill -KILL "$p" 2>/dev/null && n=1; '
-    "done; done; "
-)
-
-# Each command: the login shell (POSIX: sh, bash, dash, ksh, zsh) prints the nonce and
-# its pid (sshd made it a session and group leader), keeps the channel's stdin for a
-# watchdog that kills the command when the channel goes, and runs the command with
-# /bin/sh -c (as locally; a second login shell would read its start-up files again),
-# contained, in the workdir, with stdin from /dev/null. The wrapper itself then writes
-# nothing (a write to a dropped channel would kill it before its clean-up).
-_WRAPPER = (
-    "printf 'cmbs-{nonce}=%s\\n' \"$$\" >&2; exec 3<&0 </dev/null; "
-    'CMBS_RUN={nonce} {exports}{launch}/bin/sh -c \'cd -- "$1" || exit 1; eval "$2"\' '
-    "sh {workdir} {command} 3<&- & c=$!; exec 2>/dev/null; "
-    "{{ while read -r _; do :; done; kill -KILL $c; }} <&3 & w=$!; exec 3<&-; "
-    "wait $c; rc=$?; kill $w 2>/dev/null; {sweep}exit $rc"
-)
-
-# On a time-out or a cancellation, from a second channel: TERM to the command's group,
-# a grace, KILL (which also ends a namespace's launcher, hence the namespace).
-_KILL = (
-    "kill -TERM -- -{pid} 2>/dev/null && {{ i=0; while kill -0 -- -{pid} 2>/dev/null && "
-    "[ $i -lt 10 ]; do sleep {step:.3f}; i=$((i+1)); done; kill -KILL -- -{pid} 2>/dev/null; }}; "
-    "{sweep}exit 0"
-)
-
-# Which containments the host allows, in the caller's order.
-_PROBE = "if {launch}true >/dev/null 2>&1; then echo cmbs-{nonce}={name}; exit 0; fi; "
-
-# The workdir: its name, real path (the kernel's getcwd, not the shell's idea of it) and inode.
-_IDENTIFY = '{make}cd -P -- "$w" && printf \'cmbs-{nonce}\\n%s\\n\' "$w" && /bin/pwd -P && ls -di .'
-
-# An artifact: content on stdin into a fresh file in the checked directory, renamed into
-# place. Exit 3: the workdir changed; 4: a link leads out; 5: a parent is no directory;
-# 6: the final name is a symbolic link.
-_WRITE = (
-    'cd -P -- {workdir} 2>/dev/null && [ "$(/bin/pwd -P)" = {real} ] && set -- $(ls -di .) '
-    '&& [ "$1" = {inode} ] || exit 3; '
-    "{walk}[ -h {name} ] && exit 6; set -C; cat > {temp} || exit 7; "
-    "mv -f -T -- {temp} {name} || {{ rm -f -- {temp}; exit 7; }}"
-)
-_STEP = (
-    "mkdir -- {part} 2>/dev/null; cd -P -- {part} 2>/dev/null || exit 5; "
-    "case $(/bin/pwd -P) in {inside}) ;; *) exit 4;; esac; "
-)
+#: How long a launcher has to acknowledge a kill before it counts as unresponsive.
+_ACK_WAIT = 1.0
+#: What a launcher may take beyond the kill grace to report the command's end.
+_KILL_SLACK = 1.0
+#: How long a launcher has to start and say hello (python3 starting, a login shell).
+_START_WAIT = 30.0
+#: How long a cleanup may take on the remote host.
+_CLEANUP_WAIT = 30.0
 
 
 class SSHUnreachable(ExecutorError):
@@ -149,6 +104,14 @@ class SSHUnreachable(ExecutorError):
 
 class SSHAuthRefused(ExecutorError):
     """The host refused the offered credentials, or they could not be offered."""
+
+
+class SSHHostKeyRejected(ExecutorError):
+    """The host's key is not the one expected (or not known at all)."""
+
+
+class SSHLauncherUnavailable(ExecutorError):
+    """The remote launcher could not start (no python3 on the host, say)."""
 
 
 def read_identity(path: str) -> asyncssh.SSHKey:
@@ -162,13 +125,31 @@ def read_identity(path: str) -> asyncssh.SSHKey:
         raise SSHAuthRefused(f"identity {path}: not a usable private key: {exc}") from None
 
 
-class SSHHostKeyRejected(ExecutorError):
-    """The host's key is not the one expected (or not known at all)."""
+_LABEL = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
+_USER = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}$")
+
+
+def check_host(host: str) -> str:
+    """``host`` if it is a DNS name, an IPv4 or an IPv6 address; ``ValueError`` otherwise
+    (``${x}``, ``%h``, spaces: nothing SSH could expand or mistake for an option)."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    name = host[:-1] if host.endswith(".") else host
+    labels = name.split(".")
+    if not name or len(name) > 253 or not all(_LABEL.match(label) for label in labels):
+        raise ValueError(f"{host!r} is not a host name or an IP address")
+    return host
 
 
 @dataclass(frozen=True)
 class SSHTarget:
-    """Where and how to connect. Host keys are verified unless ``insecure`` is set."""
+    """Where and how to connect. Host keys are verified unless ``insecure`` is set.
+
+    ``jump``: a host to connect through (as ``ssh -J``), with the same identities and
+    known hosts. ``ValueError`` (one line) for a host, user or port that cannot be used.
+    """
 
     host: str
     user: str | None = None
@@ -179,117 +160,397 @@ class SSHTarget:
     insecure: bool = False
     connect_timeout: float = 10.0
     keepalive_interval: float = 15.0
+    jump: SSHTarget | None = None
+
+    def __post_init__(self) -> None:
+        check_host(self.host)
+        if self.user is not None and not _USER.match(self.user):
+            raise ValueError(f"{self.user!r} is not a user name")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port {self.port} is not a number from 1 to 65535")
 
     @classmethod
-    def parse(cls, url: str, **options: Any) -> SSHTarget:
-        """``ssh://[USER@]HOST[:PORT]``; ``ValueError`` with a one-line reason otherwise."""
+    def parse(cls, url: str, *, jump: str | SSHTarget | None = None, **options: Any) -> SSHTarget:
+        """``ssh://[USER@]HOST[:PORT]`` (``[IPV6]`` in brackets); ``jump`` the same, or a
+        target; ``ValueError`` with a one-line reason otherwise."""
         parts = urlsplit(url)
         if parts.scheme != "ssh" or not parts.hostname or parts.path not in ("", "/"):
+            raise ValueError(f"{url!r}: expected ssh://USER@HOST[:PORT]")
+        if parts.query or parts.fragment or parts.password is not None:
             raise ValueError(f"{url!r}: expected ssh://USER@HOST[:PORT]")
         try:
             port = parts.port or 22
         except ValueError:
             raise ValueError(f"{url!r}: the port is not a number from 1 to 65535") from None
-        return cls(host=parts.hostname, user=parts.username, port=port, **options)
+        if isinstance(jump, str):
+            inherited = {k: v for k, v in options.items() if k not in ("host_key", "jump")}
+            jump = cls.parse(jump, **inherited)
+        try:
+            return cls(host=parts.hostname, user=parts.username, port=port, jump=jump, **options)
+        except ValueError as exc:
+            raise ValueError(f"{url!r}: {exc}") from None
 
     @property
     def label(self) -> str:
         user = f"{self.user}@" if self.user else ""
-        return f"{user}{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{user}{host}:{self.port}"
 
 
-# Login-shell output looked through for the marker before giving up on finding it.
-_MARKER_WINDOW = 64
-
-
-class _Session(asyncssh.SSHClientSession[bytes]):
-    """Collects one command's output into capped buffers and notes how it ended.
-
-    The wrapper's marker (``cmbs-NONCE=PID``) is searched for anywhere in stderr, after
-    whatever the login shell printed first, and cut out of what is kept.
-    """
-
-    def __init__(self, cap: int, nonce: str) -> None:
-        self.stdout = OutputBuffer(cap)
-        self.stderr = OutputBuffer(cap)
-        self.exited = anyio.Event()
-        self.closed = anyio.Event()
-        self.status: int | None = None
-        self.signal: str | None = None
-        self.lost: Exception | None = None
-        self.nonce = nonce
-        self.pgid: int | None = None
-        self._marker = re.compile(re.escape(f"cmbs-{nonce}=".encode()) + rb"(\d+)\n")
-        self._head = b""
-
-    def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
-        if datatype != asyncssh.EXTENDED_DATA_STDERR:
-            self.stdout.feed(data)
-        elif self.pgid is not None:
-            self.stderr.feed(data)
-        else:
-            self._head += data
-            match = self._marker.search(self._head)
-            if match:
-                self.pgid = int(match.group(1))
-                self.stderr.feed(self._head[: match.start()] + self._head[match.end() :])
-                self._head = b""
-            elif len(self._head) > _MARKER_WINDOW:  # keep what may be a marker's start
-                self.stderr.feed(self._head[:-_MARKER_WINDOW])
-                self._head = self._head[-_MARKER_WINDOW:]
-
-    def finish(self) -> None:
-        """Pass on what was held back while looking for a marker that never came."""
-        self.stderr.feed(self._head)
-        self._head = b""
-
-    def exit_status_received(self, status: int) -> None:
-        self.status = status
-        self.exited.set()
-
-    def exit_signal_received(self, signal: str, core_dumped: bool, msg: str, lang: str) -> None:
-        self.signal = signal
-        self.exited.set()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = exc
-        self.exited.set()
-        self.closed.set()
+def _options(target: SSHTarget) -> dict[str, Any]:
+    """asyncssh's connection options: what ``target`` says, nothing from ``~/.ssh/config``
+    or an agent (see the module docstring)."""
+    options: dict[str, Any] = {
+        "port": target.port,
+        "config": [],
+        "agent_path": None,
+        "agent_forwarding": False,
+        "x11_forwarding": False,
+        "pkcs11_provider": None,
+        "gss_auth": False,
+        "gss_kex": False,
+        "host_based_auth": False,
+        "kbdint_auth": False,
+        "password_auth": False,
+        "preferred_auth": "publickey",
+        "x509_trusted_certs": None,
+        "x509_trusted_cert_paths": [],
+        "connect_timeout": target.connect_timeout,
+        "keepalive_interval": target.keepalive_interval,
+        "keepalive_count_max": 3,
+    }
+    if target.user:
+        options["username"] = target.user
+    if target.identities:
+        options["client_keys"] = [read_identity(path) for path in target.identities]
+    if target.insecure:
+        options["known_hosts"] = None
+    elif target.host_key:
+        try:
+            key = asyncssh.import_public_key(target.host_key)
+        except (asyncssh.KeyImportError, ValueError) as exc:
+            raise SSHHostKeyRejected(f"the pinned host key is not valid: {exc}") from None
+        options["known_hosts"] = ([key], [], [])
+    elif target.known_hosts:
+        options["known_hosts"] = target.known_hosts
+    return options
 
 
 @dataclass
-class _Host:
-    """One pooled connection, what contains commands on it, and its channel budget."""
+class _Link:
+    """One connection (and the jump connection under it), and its launchers' channels."""
 
-    target: SSHTarget
-    slots: anyio.Semaphore
-    lock: anyio.Lock
     conn: asyncssh.SSHClientConnection | None = None
-    containment: str | None = None  # probed on first use of each connection
+    tunnel: asyncssh.SSHClientConnection | None = None
+    channels: int = 0
+    dedicated: bool = False
     dropped: bool = False
 
-
-@dataclass(frozen=True)
-class _Workdir:
-    """What a workdir was at :meth:`SSHExecutor.prepare`: real path and inode."""
-
-    real: str
-    inode: str
+    def close(self) -> None:
+        for conn in (self.conn, self.tunnel):
+            if conn is not None:
+                conn.close()
+        self.dropped = True
 
 
 class _Client(asyncssh.SSHClient):
-    def __init__(self, host: _Host) -> None:
-        self._host = host
+    def __init__(self, link: _Link) -> None:
+        self._link = link
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._host.dropped = True
+        self._link.dropped = True
+
+
+async def _connect(target: SSHTarget, link: _Link) -> None:
+    """Open ``link`` to ``target`` (through its jump host), or the error saying why not."""
+    if target.jump is not None:
+        jump = _Link()
+        await _connect(target.jump, jump)
+        link.tunnel = jump.conn
+    try:
+        link.conn = await asyncssh.connect(
+            target.host, tunnel=link.tunnel or (), client_factory=lambda: _Client(link),
+            **_options(target),
+        )  # fmt: skip
+    except asyncssh.HostKeyNotVerifiable:
+        link.close()
+        raise SSHHostKeyRejected(
+            f"host key of {target.label} not verified (unknown host or key mismatch)"
+        ) from None
+    except asyncssh.PermissionDenied:
+        link.close()
+        raise SSHAuthRefused(f"authentication refused by {target.label}") from None
+    except (OSError, TimeoutError, asyncssh.Error) as exc:
+        link.close()
+        raise SSHUnreachable(f"cannot reach {target.label}: {_reason(exc)}") from None
+    except BaseException:
+        link.close()
+        raise
+
+
+class _Lost(ExecutorError):
+    """The launcher's channel closed (or its connection dropped)."""
+
+
+class _Refused(ExecutorError):
+    """The launcher answered a request with an error (the message, one line)."""
+
+
+@dataclass
+class _Pending:
+    """One request's reply, and for a command what it reported on the way."""
+
+    ident: int = 0
+    done: anyio.Event = field(default_factory=anyio.Event)
+    acked: anyio.Event = field(default_factory=anyio.Event)
+    reply: tuple[Meta, list[bytes]] | None = None
+
+
+# The channel's command: the first python3 found execs a bootstrap that reads the
+# launcher's code (a length in argv, the code on stdin) and runs it.
+_BOOTSTRAP = (
+    "import os,sys\n"
+    "n=int(sys.argv[1]);b=b''\n"
+    "while len(b)<n:\n"
+    " c=os.read(0,n-len(b))\n"
+    " if not c:sys.exit(3)\n"
+    " b+=c\n"
+    "exec(compile(b,'cmbs-launcher','exec'),{'__name__':'__cmbs__','CMBS_SOURCE':b})\n"
+)
+_START = (
+    "for p in /usr/bin/python3 /usr/libexec/platform-python $(command -v python3); do "
+    '[ -x "$p" ] && exec "$p" -I -S -c {bootstrap} {size}; done; '
+    "echo 'cmbs: no python3 on this host' >&2; exit 127"
+)
+#: The exit status of the start command when no python3 was found.
+_NO_PYTHON = 127
+
+
+class _Plain(ast.NodeTransformer):
+    """The launcher without annotations, docstrings or typing imports: what Python 3.6
+    runs (annotations of 3.9+ spelling would fail there when a function is defined)."""
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> ast.AST | None:
+        return None if node.module in ("__future__", "typing") else node
+
+    def visit_If(self, node: ast.If) -> ast.AST | None:
+        if isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            return None
+        return self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST | None:
+        if node.value is None:
+            return None
+        return ast.copy_location(ast.Assign(targets=[node.target], value=node.value), node)
+
+    def visit_arg(self, node: ast.arg) -> ast.AST:
+        node.annotation = None
+        return node
+
+    def _bare(self, node: Any) -> Any:
+        node = self.generic_visit(node)
+        body = node.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]
+        node.body = body or [ast.Pass()]
+        return node
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
+        node.returns = None
+        return self._bare(node)  # type: ignore[no-any-return]
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
+        return self._bare(node)  # type: ignore[no-any-return]
+
+    def visit_Module(self, node: ast.Module) -> ast.AST:
+        return self._bare(node)  # type: ignore[no-any-return]
+
+
+@functools.cache
+def launcher_source() -> str:
+    """The launcher's code as sent (see :class:`_Plain`)."""
+    source = Path(__file__).with_name("remote_launcher.py").read_text()
+    tree = ast.fix_missing_locations(_Plain().visit(ast.parse(source)))
+    return ast.unparse(tree) + "\n"
+
+
+class _Control(asyncssh.SSHClientSession[bytes]):
+    """The launcher's channel: frames after the sync token on stdout; stderr kept (its
+    last few KiB) to say why a launcher did not start."""
+
+    def __init__(self, launcher: _Launcher, sync: bytes) -> None:
+        self._launcher = launcher
+        self._sync = sync
+        self._synced = False
+        self._before = bytearray()
+        self._frames = FrameReader()
+        self.stderr = bytearray()
+        self.status: int | None = None
+
+    def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
+        if datatype == asyncssh.EXTENDED_DATA_STDERR:
+            self.stderr += data
+            del self.stderr[:-4096]
+            return
+        if not self._synced:
+            self._before += data
+            at = self._before.find(self._sync)
+            if at < 0:
+                del self._before[: -len(self._sync)]
+                return
+            self._synced = True
+            data = bytes(self._before[at + len(self._sync) :])
+            self._before.clear()
+        try:
+            frames = self._frames.feed(data)
+        except ValueError:
+            self._launcher.lost("the launcher sent a malformed frame")
+            return
+        for meta, blobs in frames:
+            self._launcher.received(meta, blobs)
+
+    def exit_status_received(self, status: int) -> None:
+        self.status = status
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._launcher.lost(_reason(exc) if exc is not None else "the launcher ended")
+
+
+class _Launcher:
+    """The executor's side of one remote launcher."""
+
+    def __init__(self, executor: SSHExecutor, link: _Link) -> None:
+        self.executor = executor
+        self.link = link
+        self.channel: asyncssh.SSHClientChannel[bytes] | None = None
+        self.control: _Control | None = None
+        self.hello: Meta = {}
+        self.greeted = anyio.Event()
+        self.gone: str | None = None
+        self.pending: dict[int, _Pending] = {}
+        self.released = False
+        self.sandboxed = False  # its sandbox is built and proven
+
+    @property
+    def alive(self) -> bool:
+        return self.gone is None and not self.link.dropped
+
+    async def start(self) -> None:
+        """Open the channel, send the code, wait for the launcher's hello."""
+        assert self.link.conn is not None
+        conn = self.link.conn
+        sync = secrets.token_bytes(16)
+        trailer = f"CMBS_SYNC = {sync.hex()!r}\nif __name__ == '__cmbs__':\n    main()\n"
+        code = (launcher_source() + trailer).encode()
+        command = _START.format(bootstrap=shlex.quote(_BOOTSTRAP), size=len(code))
+        self.channel, session = await self.executor._retrying(
+            lambda: conn.create_session(lambda: _Control(self, sync), command, encoding=None)
+        )
+        assert isinstance(session, _Control)
+        self.control = session
+        self.channel.write(code)
+        with anyio.move_on_after(_START_WAIT):
+            await self.greeted.wait()
+        if not self.greeted.is_set():
+            self.close()
+            raise SSHLauncherUnavailable(self._why_not_started("did not answer in time"))
+        if self.gone is not None:
+            raise SSHLauncherUnavailable(self._why_not_started(self.gone))
+
+    def _why_not_started(self, fallback: str) -> str:
+        label = self.executor.target.label
+        control = self.control
+        said = bytes(control.stderr).decode("utf-8", "replace") if control else ""
+        if control is not None and control.status == _NO_PYTHON and "no python3" in said:
+            return f"{label} has no python3: the SSH executor's launcher needs it"
+        last = said.strip().splitlines()[-1:] or [fallback]
+        return f"the launcher could not start on {label}: {last[0]}"
+
+    def received(self, meta: Meta, blobs: list[bytes]) -> None:
+        op = meta.get("op")
+        if op == "hello":
+            self.hello = meta
+            self.greeted.set()
+            return
+        pending = self.pending.get(meta.get("id"))  # type: ignore[arg-type]
+        if pending is None:
+            return
+        if op == "killing":
+            pending.acked.set()
+        else:
+            pending.reply = (meta, blobs)
+            pending.done.set()
+
+    def lost(self, why: str) -> None:
+        if self.gone is None:
+            self.gone = why
+        self.greeted.set()
+        for pending in self.pending.values():
+            pending.acked.set()
+            pending.done.set()
+
+    def send(self, meta: Meta, *blobs: bytes) -> _Pending:
+        """Send a request; its :class:`_Pending` (registered under a fresh id)."""
+        if not self.alive or self.channel is None:
+            raise _Lost(self.gone or "the connection dropped")
+        pending = _Pending(self.executor._next_id())
+        self.pending[pending.ident] = pending
+        try:
+            self.channel.write(encode(dict(meta, id=pending.ident), *blobs))
+        except (asyncssh.Error, OSError) as exc:
+            self.lost(_reason(exc))
+            raise _Lost(self.gone or "the connection dropped") from None
+        return pending
+
+    def forget(self, pending: _Pending) -> None:
+        self.pending.pop(pending.ident, None)
+
+    async def request(self, meta: Meta, *blobs: bytes, timeout: float | None = None) -> Meta:
+        """Send a request and wait for its reply (``_Lost``, ``_Refused``, ``TimeoutError``)."""
+        pending = self.send(meta, *blobs)
+        try:
+            with anyio.fail_after(timeout):
+                await pending.done.wait()
+        finally:
+            self.forget(pending)
+        if pending.reply is None:
+            raise _Lost(self.gone or "the connection dropped")
+        reply, _ = pending.reply
+        if reply.get("op") == "error":
+            raise _Refused(str(reply.get("message")))
+        return reply
+
+    def close(self) -> None:
+        """Close the channel (the launcher then kills what it runs and ends)."""
+        self.lost("closed")
+        if self.channel is not None:
+            self.channel.close()
+        if not self.released:
+            self.released = True
+            self.link.channels -= 1
+            if self.link.dedicated:
+                self.link.close()
+
+
+@dataclass
+class _Workdir:
+    """A workdir this executor holds: what it is, what contains it, its launcher."""
+
+    path: str
+    identity: list[int]
+    env: CommandEnv | None = None  # what its sandbox is built from (None: not built yet)
+    containment: Containment | None = None
+    launcher: _Launcher | None = None
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    users: int = 1  # scenarios that prepared it and have not cleaned it up
 
 
 class SSHExecutor(Closing):
     """Runs commands and writes artifacts on ``target``; see the module docstring.
 
-    ``containments`` lists what may contain commands, in order of preference;
-    :attr:`containment` says which the host allowed (``"unknown"`` before connecting).
+    ``containments`` lists what may contain commands, in order of preference (by default
+    the sandboxes, :data:`SANDBOXES`); :attr:`containment` says what the last prepared
+    workdir got (``"unknown"`` before), :meth:`containment_of` what one workdir got.
     """
 
     def __init__(
@@ -301,7 +562,7 @@ class SSHExecutor(Closing):
         output_cap: int = DEFAULT_OUTPUT_CAP,
         kill_grace: float = 0.5,
         drain_grace: float = 0.2,
-        containments: Sequence[str] = CONTAINMENTS,
+        containments: Sequence[str] = SANDBOXES,
     ) -> None:
         if max_channels < 1:
             raise ValueError("max_channels must be at least 1")
@@ -316,162 +577,201 @@ class SSHExecutor(Closing):
         self.drain_grace = drain_grace
         self.containments = tuple(containments)
         self.containment = "unknown"
-        self._host: _Host | None = None
+        self._links: list[_Link] = []
+        self._links_lock: anyio.Lock | None = None
         self._workdirs: dict[str, _Workdir] = {}
+        self._ids = 0
         if target.insecure:
             _log.warning("ssh.host_key_check_disabled", host=target.label)
 
     # -- the executor protocol --------------------------------------------------------
-    async def prepare(self, workdir: str | None, files: Mapping[str, str]) -> str:
-        if workdir is None:
-            make = "w=$(mktemp -d /tmp/cmbs-XXXXXXXX) && "
-        else:
-            make = f'w={shlex.quote(workdir)} && mkdir -p -- "$w" && '
-        workdir = await self._identify(workdir, make)
-        await seed_files(self, workdir, files)
-        return workdir
+    async def prepare(
+        self, workdir: str | None, files: Mapping[str, str], *, env: CommandEnv | None = None
+    ) -> str:
+        declared = env or CommandEnv()
+        self._check_declared(declared)
+        if workdir is not None and self._share(workdir, declared):
+            await self._seed(workdir, files, made=False)
+            return workdir
+        launcher = await self._launcher()
+        made = workdir is None
+        try:
+            try:
+                opened = await launcher.request(
+                    {"op": "open", "workdir": workdir, "make": True}, timeout=_START_WAIT
+                )
+            except _Refused as exc:
+                raise ExecutorError(str(exc)) from None
+            if self._share(opened["workdir"], declared):  # held already, by its real path
+                launcher.close()
+                await self._seed(opened["workdir"], files, made=False)
+                return str(opened["workdir"])
+            state = _Workdir(opened["workdir"], opened["identity"], declared, launcher=launcher)
+            await self._build(state, launcher)
+            self._workdirs[state.path] = state
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await self._abandon(launcher, remove=made)
+            if isinstance(exc, (_Lost, asyncssh.Error, OSError, TimeoutError)):
+                why = _reason(exc) if str(exc) else "no answer"
+                raise ExecutorError(f"lost {self.target.label} while preparing: {why}") from None
+            raise
+        await self._seed(state.path, files, made=made)
+        return state.path
+
+    def _share(self, workdir: str, env: CommandEnv) -> bool:
+        """Whether ``workdir`` is held already, its sandbox alive and built from the same
+        declaration: then one more scenario uses it (and its cleanup waits for the last)."""
+        state = self._workdirs.get(workdir)
+        if state is None or state.launcher is None or not state.launcher.alive:
+            return False
+        if state.env is not None and _sandbox_of(state.env) != _sandbox_of(env):
+            raise ExecutorError(
+                f"workdir {workdir} is in use with another sandbox (network, limits, readable)"
+            )
+        state.users += 1
+        return True
+
+    async def _seed(self, workdir: str, files: Mapping[str, str], *, made: bool) -> None:
+        """Write a scenario's starting files; a file that cannot be written undoes the
+        prepare."""
+        for path, content in files.items():
+            observation = await self.write_artifact(workdir, path, content)
+            if not observation.success:
+                with anyio.CancelScope(shield=True):
+                    await self.cleanup(workdir, remove=made)
+                raise ExecutorError(f"cannot seed scenario file: {observation.error}")
+
+    def containment_of(self, workdir: str) -> Containment:
+        state = self._workdirs.get(workdir)
+        if state is None or state.containment is None:
+            raise ExecutorError(f"workdir {workdir} has no sandbox on {self.target.label} yet")
+        return state.containment
 
     async def cleanup(self, workdir: str, *, remove: bool = True) -> None:
-        self._workdirs.pop(workdir, None)
-        if not remove:
+        state = self._workdirs.get(workdir)
+        if state is not None and state.users > 1:
+            state.users -= 1  # another scenario still uses it
             return
-        async with self._channel() as conn:
-            await self._run_plain(conn, f"rm -rf -- {shlex.quote(workdir)}")
+        self._workdirs.pop(workdir, None)
+        if state is None and not remove:
+            return
+        launcher = state.launcher if state is not None else None
+        left: str | None = None
+        done = False
+        try:
+            if launcher is not None and launcher.alive:
+                try:
+                    reply = await launcher.request(
+                        {"op": "cleanup", "remove": remove}, timeout=_CLEANUP_WAIT
+                    )
+                    left, done = reply.get("left"), True
+                except TimeoutError:  # unresponsive: kill it and all it ran
+                    await self._force_kill(launcher)
+                except _Lost:  # it ended, and killed what it ran
+                    pass
+            if not done and remove:  # with a fresh launcher
+                left = await self._remove_with_fresh(workdir, state)
+        finally:
+            if launcher is not None:
+                launcher.close()
+        if left:
+            raise CleanupFailed(f"workdir {workdir} on {self.target.label}: left {left}")
 
     async def write_artifact(self, workdir: str, path: str, content: str) -> Observation:
         start = anyio.current_time()
         try:
             relative = confine(path)
-            script = _write_script(workdir, await self._known(workdir), relative)
-            async with self._channel() as conn:
-                result = await self._run_plain(conn, script, input=content)
+            if len(relative.parts) > MAX_DEPTH:
+                raise PathRefused(
+                    f"artifact path has {len(relative.parts)} components; at most {MAX_DEPTH}"
+                )
+            launcher = await self._ready(workdir, sandboxed=False)
+            reply = await launcher.request(
+                {"op": "write", "parts": list(relative.parts)}, content.encode()
+            )
         except PathRefused as exc:
             return refused_artifact(path, str(exc))
-        except (asyncssh.Error, OSError) as exc:
+        except (_Lost, _Refused, asyncssh.Error, OSError) as exc:
             return refused_artifact(path, f"cannot write {path!r}: {_reason(exc)}")
-        match result.exit_status:
-            case 0:
-                return Observation(
-                    kind="artifact",
-                    path=path,
-                    success=True,
-                    duration_s=anyio.current_time() - start,
-                )
-            case 3:
-                raise ExecutorError(f"workdir {workdir} was deleted or replaced during the run")
-            case 4:
-                reason = f"artifact path {path!r} leads outside the workdir through a link"
-            case 5:
-                reason = f"cannot write {path!r}: a parent is not a directory"
-            case 6:
-                reason = f"artifact path {path!r} is a symbolic link"
-            case status:
-                reason = f"cannot write {path!r}: {_last_line(result.stderr) or f'exit {status}'}"
+        code, message = reply.get("code"), reply.get("message")
+        if code == "ok":
+            return Observation(
+                kind="artifact", path=path, success=True, duration_s=anyio.current_time() - start
+            )
+        if code == "replaced":
+            raise ExecutorError(f"workdir {workdir} was deleted or replaced during the run")
+        reason = {
+            "link": f"artifact path {path!r} could lead outside the workdir: "
+            f"{message!r} is a symbolic link",
+            "not-dir": f"cannot write {path!r}: {message!r} is not a directory",
+            "symlink": f"artifact path {path!r} is a symbolic link",
+        }.get(str(code), f"cannot write {path!r}: {message}")
         return refused_artifact(path, reason)
 
     async def run_command(
         self, workdir: str, command: str, *, timeout: float | None, env: CommandEnv | None = None
     ) -> Observation:
         start = anyio.current_time()
+        try:
+            launcher = await self._ready(workdir, sandboxed=True)
+            values = _declared(env)
+            pending = launcher.send(
+                {"op": "run", "command": command, "env": values, "cap": self.output_cap,
+                 "drain": self.drain_grace}
+            )  # fmt: skip
+        except (_Lost, _Refused, asyncssh.Error, OSError, TimeoutError) as exc:
+            return Observation(
+                kind="command",
+                command=command,
+                success=False,
+                error=f"could not start the command on {self.target.label}: {_reason(exc)}",
+                duration_s=anyio.current_time() - start,
+            )
         timed_out = False
-        async with self._channel() as conn:
-            nonce = secrets.token_hex(8)
-            try:
-                containment = await self._contained(conn)
-                remote = _remote_command(workdir, command, containment, nonce, env)
-                channel, session = await self._open(conn, remote, nonce)
-            except (asyncssh.Error, OSError) as exc:
-                self._host_dropped()
-                return Observation(
-                    kind="command",
-                    command=command,
-                    success=False,
-                    error=f"could not start the command on {self.target.label}: {_reason(exc)}",
-                    duration_s=anyio.current_time() - start,
-                )
-            try:
-                with anyio.move_on_after(timeout) as scope:
-                    await session.exited.wait()
-                    with anyio.move_on_after(self.drain_grace):
-                        await session.closed.wait()
-                timed_out = scope.cancelled_caught
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await self._release(conn, channel, session, containment)
-        return self._observation(command, session, timed_out, timeout, start)
+        try:
+            with anyio.move_on_after(timeout) as scope:
+                await pending.done.wait()
+            timed_out = scope.cancelled_caught
+        finally:
+            with anyio.CancelScope(shield=True):
+                if not pending.done.is_set():
+                    await self._kill(launcher, pending)
+                launcher.forget(pending)
+        return self._observation(command, pending, launcher, timed_out, timeout, start)
 
     # -- life cycle -----------------------------------------------------------------
     async def aclose(self) -> None:
-        host, self._host = self._host, None
-        if host is not None and host.conn is not None:
-            host.conn.close()
-            with anyio.move_on_after(5, shield=True):
-                await host.conn.wait_closed()
+        """Close every launcher (each kills what it runs; workdirs stay) and connection."""
+        for state in self._workdirs.values():
+            if state.launcher is not None:
+                state.launcher.close()
+        self._workdirs.clear()
+        links, self._links = self._links, []
+        for link in links:
+            link.close()
+        with anyio.move_on_after(5, shield=True):
+            for link in links:
+                for conn in (link.conn, link.tunnel):
+                    if conn is not None:
+                        await conn.wait_closed()
 
     # -- internals ------------------------------------------------------------------
-    def _observation(
-        self, command: str, session: _Session, timed_out: bool, timeout: float | None, start: float
-    ) -> Observation:
-        session.finish()
-        lost = session.lost is not None and session.status is None
-        if timed_out:
-            error: str | None = f"command timed out after {timeout:g} s"
-        elif lost:
-            error = f"connection to {self.target.label} lost during the command"
-        elif session.signal is not None:
-            error = f"command killed by signal {session.signal}"
-        else:
-            error = None
-        status = session.status
-        return Observation(
-            kind="command",
-            command=command,
-            success=error is None and status == 0,
-            exit_status=status,
-            program_found=None if status is None or timed_out else status != 127,
-            timed_out=timed_out,
-            error=error,
-            stdout=session.stdout.output(),
-            stderr=session.stderr.output(),
-            duration_s=anyio.current_time() - start,
-        )
+    def _next_id(self) -> int:
+        self._ids += 1
+        return self._ids
 
-    async def _known(self, workdir: str) -> _Workdir:
-        """The workdir's identity: from :meth:`prepare`, or taken now (one not prepared here)."""
-        if workdir not in self._workdirs:
-            await self._identify(workdir, f"w={shlex.quote(workdir)} && ")
-        return self._workdirs[workdir]
-
-    async def _identify(self, workdir: str | None, make: str) -> str:
-        """Run ``make`` (which sets ``$w``), then note the workdir's real path and inode."""
-        nonce = secrets.token_hex(8)
-        try:
-            async with self._channel() as conn:
-                await self._contained(conn)
-                result = await self._run_plain(conn, _IDENTIFY.format(make=make, nonce=nonce))
-        except (asyncssh.Error, OSError) as exc:
-            raise ExecutorError(f"cannot reach {self.target.label}: {_reason(exc)}") from None
-        found = re.search(rf"cmbs-{nonce}\n(.+)\n(/.*)\n\s*(\d+) \.\n", str(result.stdout or ""))
-        if result.exit_status != 0 or found is None:
-            where = workdir or "a temporary workdir"
-            why = _last_line(result.stderr) or f"exit {result.exit_status}"
-            raise ExecutorError(f"cannot create {where} on {self.target.label}: {why}")
-        self._workdirs[found[1]] = _Workdir(real=found[2], inode=found[3])
-        return found[1]
-
-    async def _open(
-        self, conn: asyncssh.SSHClientConnection, remote: str, nonce: str
-    ) -> tuple[asyncssh.SSHClientChannel[bytes], _Session]:
-        """Open a session channel, retrying while the server refuses new channels."""
-        channel, session = await self._retrying(
-            lambda: conn.create_session(
-                lambda: _Session(self.output_cap, nonce), remote, encoding=None
+    def _check_declared(self, env: CommandEnv) -> None:
+        """Refuse what a remote sandbox cannot honour, before anything runs."""
+        if isinstance(env.network, tuple):
+            raise ExecutorError(
+                "network allow-lists are enforced by the local sandbox only: "
+                'over SSH say network: "all" or "none"'
             )
-        )
-        assert isinstance(session, _Session)
-        return channel, session
+        if env.network == "none" and self.containments == ("session-kill",):
+            raise ExecutorError('network: "none" needs a remote sandbox (pidns or bwrap)')
 
-    async def _retrying(self, open_channel: Callable[[], Awaitable[T]]) -> T:
+    async def _retrying(self, open_channel: Any) -> Any:
         """``open_channel()``, again after a short back-off while the server refuses it."""
         for attempt in range(self.channel_retries):
             try:
@@ -480,133 +780,279 @@ class SSHExecutor(Closing):
                 await anyio.sleep(min(0.01 * 2**attempt, 0.5))
         return await open_channel()
 
-    async def _release(
-        self,
-        conn: asyncssh.SSHClientConnection,
-        channel: asyncssh.SSHClientChannel[bytes],
-        session: _Session,
-        containment: str,
-    ) -> None:
-        """Kill what is left of the command unless it ended cleanly; close the channel.
+    async def _link(self) -> _Link:
+        """A connection with a free channel (a new one if none has); one channel taken.
 
-        Closing the channel alone also ends it (the remote watchdog sees its stdin close).
+        Under ``session-kill`` each launcher has a connection of its own: a command
+        there may stop the sshd serving it, which must not stall other scenarios.
         """
-        if not session.closed.is_set() and session.pgid is not None and not self._is_dropped():
-            sweep = _sweep(containment, str(session.pgid), session.nonce)
-            script = _KILL.format(pid=session.pgid, step=self.kill_grace / 10, sweep=sweep)
-            with anyio.move_on_after(self.kill_grace + 5):
-                try:
-                    await self._run_plain(conn, script)
-                except (asyncssh.Error, OSError):
-                    pass
-        channel.close()
-        with anyio.move_on_after(self.kill_grace + 1):
-            await session.closed.wait()
-
-    async def _run_plain(
-        self, conn: asyncssh.SSHClientConnection, command: str, *, input: str | None = None
-    ) -> asyncssh.SSHCompletedProcess:
-        return await self._retrying(lambda: conn.run(command, input=input, check=False))
-
-    @asynccontextmanager
-    async def _channel(self) -> AsyncIterator[asyncssh.SSHClientConnection]:
-        """The pooled connection, holding one channel slot."""
-        conn = await self._connection()
-        assert self._host is not None
-        async with self._host.slots:
-            yield conn
-
-    def _is_dropped(self) -> bool:
-        return self._host is None or self._host.dropped
-
-    def _host_dropped(self) -> None:
-        if self._host is not None:
-            self._host.dropped = True
-
-    async def _connection(self) -> asyncssh.SSHClientConnection:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
             raise ExecutorError(
                 "the SSH executor needs the asyncio backend (asyncssh does not run on trio)"
             ) from None
-        if self._host is None:
-            self._host = _Host(self.target, anyio.Semaphore(self.max_channels), anyio.Lock())
-        host = self._host
-        if host.conn is not None and not host.dropped:
-            return host.conn
-        async with host.lock:
-            if host.conn is None or host.dropped:
-                if host.conn is not None:
-                    host.conn.abort()
-                    host.conn = None
-                host.dropped = False
-                host.containment = None
-                host.conn = await self._connect(host)
-            return host.conn
+        if self._links_lock is None:
+            self._links_lock = anyio.Lock()
+        dedicated = "session-kill" in self.containments
+        async with self._links_lock:
+            for link in list(self._links):
+                if link.dropped and link.channels <= 0:
+                    link.close()
+                    self._links.remove(link)
+            for link in self._links:
+                if not (link.dropped or link.dedicated) and link.channels < self.max_channels:
+                    link.channels += 1
+                    return link
+            link = _Link(dedicated=dedicated)
+            await _connect(self.target, link)
+            link.channels = 1
+            self._links.append(link)
+            return link
 
-    async def _contained(self, conn: asyncssh.SSHClientConnection) -> str:
-        """What contains commands on this connection, probed on its first use."""
-        host = self._host
-        assert host is not None
-        if host.containment is None:
-            async with host.lock:
-                if host.containment is None:
-                    host.containment = self.containment = await self._probe(conn)
-        return host.containment
-
-    async def _probe(self, conn: asyncssh.SSHClientConnection) -> str:
-        """Which of ``containments`` the host allows, the first that works."""
-        nonce = secrets.token_hex(8)
-        script = "".join(
-            _PROBE.format(launch=_LAUNCH[name], nonce=nonce, name=name)
-            for name in self.containments
-        )
-        result = await self._run_plain(conn, script + f"echo cmbs-{nonce}=none")
-        found = re.search(rf"cmbs-{nonce}=([a-z-]+)", str(result.stdout or ""))
-        if found is not None and found[1] != "none":
-            return found[1]
-        if found is None and "session-kill" in self.containments:
-            # no POSIX shell answered: promise no more than the weakest
-            _log.warning("ssh.containment_probe_unanswered", host=self.target.label)
-            return "session-kill"
-        raise ExecutorError(
-            f"{self.target.label} allows none of the containments {', '.join(self.containments)}"
-        )
-
-    async def _connect(self, host: _Host) -> asyncssh.SSHClientConnection:
-        target = self.target
-        options: dict[str, Any] = {
-            "port": target.port,
-            "connect_timeout": target.connect_timeout,
-            "keepalive_interval": target.keepalive_interval,
-            "keepalive_count_max": 3,
-            "client_factory": lambda: _Client(host),
-        }
-        if target.user:
-            options["username"] = target.user
-        if target.identities:
-            options["client_keys"] = [read_identity(path) for path in target.identities]
-        if target.insecure:
-            options["known_hosts"] = None
-        elif target.host_key:
-            try:
-                key = asyncssh.import_public_key(target.host_key)
-            except (asyncssh.KeyImportError, ValueError) as exc:
-                raise SSHHostKeyRejected(f"the pinned host key is not valid: {exc}") from None
-            options["known_hosts"] = ([key], [], [])
-        elif target.known_hosts:
-            options["known_hosts"] = target.known_hosts
+    async def _launcher(self) -> _Launcher:
+        """A new launcher on the pool."""
+        link = await self._link()
+        launcher = _Launcher(self, link)
         try:
-            return await asyncssh.connect(target.host, **options)
-        except asyncssh.HostKeyNotVerifiable:
-            raise SSHHostKeyRejected(
-                f"host key of {target.label} not verified (unknown host or key mismatch)"
+            await launcher.start()
+        except asyncssh.ChannelOpenError as exc:
+            launcher.close()
+            raise ExecutorError(
+                f"cannot open a session on {self.target.label}: {_reason(exc)}"
             ) from None
-        except asyncssh.PermissionDenied:
-            raise SSHAuthRefused(f"authentication refused by {target.label}") from None
-        except (OSError, TimeoutError, asyncssh.Error) as exc:
-            raise SSHUnreachable(f"cannot reach {target.label}: {_reason(exc)}") from None
+        except BaseException:
+            launcher.close()
+            raise
+        return launcher
+
+    async def _ready(self, workdir: str, *, sandboxed: bool) -> _Launcher:
+        """The workdir's launcher, started again (the workdir checked to be the one held)
+        if it is gone, with its sandbox built if ``sandboxed``. A workdir not prepared
+        here is adopted as it is, with the default environment's sandbox."""
+        state = self._workdirs.setdefault(workdir, _Workdir(workdir, []))
+        async with state.lock:
+            launcher = state.launcher
+            if launcher is None or not launcher.alive:
+                if launcher is not None:
+                    launcher.close()
+                state.launcher = None
+                try:
+                    launcher, state.identity = await self._reopen(workdir, state.identity)
+                except BaseException:
+                    if not state.identity:  # adopting it failed: nothing is held
+                        self._workdirs.pop(workdir, None)
+                    raise
+                state.launcher = launcher
+            if sandboxed and not launcher.sandboxed:
+                state.env = state.env or CommandEnv()
+                await self._build(state, launcher)
+            return launcher
+
+    async def _reopen(self, workdir: str, identity: list[int]) -> tuple[_Launcher, list[int]]:
+        """A new launcher holding ``workdir``, checked to be the one held (``identity``,
+        if any); and the workdir's identity."""
+        launcher = await self._launcher()
+        try:
+            opened = await launcher.request(
+                {"op": "open", "workdir": workdir, "make": False, "identity": identity or None},
+                timeout=_START_WAIT,
+            )
+        except BaseException as exc:
+            launcher.close()
+            if isinstance(exc, _Refused):
+                raise ExecutorError(str(exc)) from None
+            raise
+        if opened.get("replaced"):
+            launcher.close()
+            raise ExecutorError(f"workdir {workdir} was deleted or replaced during the run")
+        return launcher, list(opened["identity"])
+
+    async def _build(self, state: _Workdir, launcher: _Launcher) -> None:
+        """Build the workdir's sandbox and prove it with the canary: its containment, or
+        :class:`SandboxLeak` (not under an explicitly configured ``session-kill``)."""
+        env = state.env or CommandEnv()
+        limits = env.limits
+        try:
+            built = await launcher.request(
+                {"op": "sandbox", "order": list(self.containments), "network": env.network,
+                 "tmp": limits.tmp, "shm": limits.shm, "readable": list(env.readable)},
+                timeout=_START_WAIT,
+            )  # fmt: skip
+        except _Refused as exc:
+            raise ExecutorError(
+                f"{self.target.label} allows none of the containments "
+                f"{', '.join(self.containments)} ({exc})"
+            ) from None
+        for tried in built.get("tried") or ():
+            _log.info("ssh.containment_unavailable", host=self.target.label, tried=tried)
+        try:
+            canary = await launcher.request({"op": "canary"}, timeout=_START_WAIT)
+        except _Refused as exc:
+            raise ExecutorError(f"the canary could not run on {self.target.label}: {exc}") from None
+        sandbox = str(built["sandbox"])
+        checks = tuple(Check(**check) for check in canary.get("checks") or ())
+        hello = launcher.hello
+        user = str(hello.get("user") or hello.get("uid"))
+        if sandbox != "session-kill" and hello.get("uid") == 0:
+            user += " (no capabilities)"
+        containment = Containment(
+            sandbox=sandbox,
+            user=user,
+            network=str(env.network),
+            limits={k: int(v) for k, v in (built.get("limits") or {}).items()},
+            canary=checks,
+        )
+        if containment.leaks and sandbox != "session-kill":
+            first = containment.leaks[0]
+            raise SandboxLeak(
+                f"the {sandbox} sandbox on {self.target.label} leaks: "
+                f"{first.name} {first.target} ({first.detail})",
+                containment,
+            )
+        if sandbox == "session-kill":
+            _log.warning("ssh.commands_unsandboxed", host=self.target.label)
+        state.containment = containment
+        launcher.sandboxed = True
+        self.containment = sandbox
+
+    async def _abandon(self, launcher: _Launcher, *, remove: bool) -> None:
+        """After a failed prepare: stop the launcher (removing a workdir it made)."""
+        if launcher.alive:
+            with anyio.move_on_after(_CLEANUP_WAIT):
+                try:
+                    await launcher.request({"op": "cleanup", "remove": remove})
+                except (_Lost, _Refused):
+                    pass
+        launcher.close()
+
+    async def _kill(self, launcher: _Launcher, pending: _Pending) -> None:
+        """Kill a command through its launcher; through a fresh connection if the
+        launcher does not acknowledge, or does not report the end in time."""
+        try:
+            ack = launcher.send({"op": "kill", "command": pending.ident, "grace": self.kill_grace})
+        except _Lost:
+            return  # the launcher is gone: it killed what it ran
+        try:
+            with anyio.move_on_after(_ACK_WAIT):
+                await ack.acked.wait()
+            if ack.acked.is_set():
+                with anyio.move_on_after(self.kill_grace + _KILL_SLACK):
+                    await pending.done.wait()
+        finally:
+            launcher.forget(ack)
+        if not pending.done.is_set() and launcher.gone is None:
+            await self._force_kill(launcher)
+
+    async def _force_kill(self, launcher: _Launcher) -> None:
+        """KILL an unresponsive launcher and every process below it (its sandbox, the
+        commands and what they started), and the sshd under it if stopped, from a
+        launcher on a fresh connection."""
+        hello = launcher.hello
+        roots = [[hello.get("pid"), hello.get("start")]]
+        stopped = [[hello.get("ppid"), hello.get("pstart")]]
+        link = _Link()
+        try:
+            with anyio.move_on_after(self.target.connect_timeout + _START_WAIT):
+                await _connect(self.target, link)
+                link.channels = 1
+                fresh = _Launcher(self, link)
+                await fresh.start()
+                await fresh.request({"op": "sweep", "roots": roots, "stopped": stopped})
+                fresh.close()
+        except (ExecutorError, _Lost, _Refused, asyncssh.Error, OSError) as exc:
+            _log.warning("ssh.kill_failed", host=self.target.label, reason=str(exc))
+        finally:
+            link.close()
+        _log.warning("ssh.launcher_unresponsive", host=self.target.label)
+        launcher.lost("unresponsive: killed through a fresh connection")
+        launcher.close()
+
+    async def _remove_with_fresh(self, workdir: str, state: _Workdir | None) -> str | None:
+        """Remove a workdir whose launcher is gone, with a new launcher (only the
+        directory prepared: one that replaced it is left alone)."""
+        launcher = await self._launcher()
+        try:
+            identity = state.identity if state is not None else None
+            try:
+                opened = await launcher.request(
+                    {"op": "open", "workdir": workdir, "make": False, "identity": identity},
+                    timeout=_START_WAIT,
+                )
+            except _Refused:
+                return None  # nothing there
+            if opened.get("replaced"):
+                return None
+            reply = await launcher.request({"op": "cleanup", "remove": True}, timeout=_CLEANUP_WAIT)
+            return reply.get("left")
+        except (_Lost, TimeoutError) as exc:
+            return f"{workdir} (the host did not answer: {exc})"
+        finally:
+            launcher.close()
+
+    def _observation(
+        self,
+        command: str,
+        pending: _Pending,
+        launcher: _Launcher,
+        timed_out: bool,
+        timeout: float | None,
+        start: float,
+    ) -> Observation:
+        reply, blobs = pending.reply if pending.reply is not None else ({}, [])
+        code = reply.get("code")
+        killed_by = reply.get("signal")
+        stdout, stderr = (
+            _output(blobs[:2], reply, 0, self.output_cap),
+            _output(blobs[2:], reply, 1, self.output_cap),
+        )
+        if timed_out:
+            error: str | None = f"command timed out after {timeout:g} s"
+        elif reply.get("op") == "error":
+            error = f"could not start the command on {self.target.label}: {reply.get('message')}"
+        elif reply.get("op") != "done":
+            error = f"connection to {self.target.label} lost during the command"
+        elif reply.get("error"):
+            error = f"could not start the command on {self.target.label}: {reply['error']}"
+        elif killed_by is not None:
+            error = f"command killed by signal {_signal_name(int(killed_by))}"
+        else:
+            error = None
+        status = code if isinstance(code, int) else None
+        return Observation(
+            kind="command",
+            command=command,
+            success=error is None and status == 0,
+            exit_status=status,
+            program_found=None if status is None or timed_out else status != 127,
+            timed_out=timed_out,
+            error=error,
+            stdout=stdout,
+            stderr=stderr,
+            duration_s=anyio.current_time() - start,
+        )
+
+
+def _output(blobs: list[bytes], reply: Meta, which: int, cap: int) -> Output:
+    """A stream as the launcher kept it (head, tail, total)."""
+    buffer = OutputBuffer(cap)
+    for blob in blobs:
+        buffer.feed(blob)
+    totals = reply.get("totals") or [0, 0]
+    buffer.total = max(int(totals[which]), buffer.total)
+    return buffer.output()
+
+
+def _sandbox_of(env: CommandEnv) -> tuple[object, ...]:
+    """What of a declaration the sandbox is built from (the rest applies per command)."""
+    return (env.network, env.limits, env.readable)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name.removeprefix("SIG")
+    except ValueError:
+        return str(number)
 
 
 def _declared(env: CommandEnv | None) -> dict[str, str]:
@@ -618,49 +1064,12 @@ def _declared(env: CommandEnv | None) -> dict[str, str]:
     return passed | env.values
 
 
-def _sweep(containment: str, sid: str, nonce: str) -> str:
-    """The session sweep, where nothing else contains the command."""
-    return _SWEEP.format(sid=sid, tag=nonce) if containment == "session-kill" else ""
-
-
-def _remote_command(
-    workdir: str, command: str, containment: str, nonce: str, env: CommandEnv | None
-) -> str:
-    exports = "".join(f"{name}={shlex.quote(value)} " for name, value in _declared(env).items())
-    return _WRAPPER.format(
-        nonce=nonce,
-        exports=exports,
-        launch=_LAUNCH[containment],
-        workdir=shlex.quote(workdir),
-        command=shlex.quote(command),
-        sweep=_sweep(containment, "$$", nonce),
-    )
-
-
-def _write_script(workdir: str, known: _Workdir, relative: PurePosixPath) -> str:
-    inside = shlex.quote(known.real.rstrip("/")) + "/*"
-    walk = "".join(
-        _STEP.format(part=shlex.quote(part), inside=inside) for part in relative.parts[:-1]
-    )
-    return _WRITE.format(
-        workdir=shlex.quote(workdir),
-        real=shlex.quote(known.real),
-        inode=known.inode,
-        walk=walk,
-        name=shlex.quote(relative.name),
-        temp=f".cmbs-{secrets.token_hex(8)}.tmp",
-    )
-
-
-def _last_line(text: object) -> str:
-    lines = str(text or "").strip().splitlines()
-    return lines[-1] if lines else ""
-
-
-def _reason(exc: BaseException) -> str:
+def _reason(exc: BaseException | None) -> str:
     """A one-line reason that never carries key material."""
+    if exc is None:
+        return "closed"
     if isinstance(exc, asyncssh.Error):
         return exc.reason or type(exc).__name__
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
-    return str(exc) or type(exc).__name__
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -22,7 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from .base import ExecutorError, PathRefused, confine
+from .base import CleanupFailed, ExecutorError, PathRefused, confine
+from .sandbox import FRESH_UIDS
 
 __all__ = ["MAX_DEPTH", "Workdirs"]
 
@@ -35,10 +36,11 @@ _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 @dataclass
 class _Held:
-    """One workdir's open descriptor; ``lock`` guards every use and the close."""
+    """One workdir's open descriptor and its owner; ``lock`` guards every use and the close."""
 
     fd: int
     identity: tuple[int, int]
+    owner: tuple[int, int] | None = None
     users: int = 1
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -47,29 +49,46 @@ class Workdirs:
     """The workdirs an executor prepared, each held open until its last release.
 
     Keyed by the (real) path handed out; preparing the same path twice shares one
-    descriptor. The methods block: call them from a worker thread.
+    descriptor. A workdir's ``owner`` (uid, gid), where commands run as another user, is
+    given the workdir, and each file and directory an artifact write makes there. The
+    methods block: call them from a worker thread.
     """
 
     def __init__(self) -> None:
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
 
-    def open(self, path: str | None) -> str:
-        """Create the workdir (a fresh temporary one for ``None``), hold it, return its path."""
+    def open(
+        self, path: str | None, *, root: str | None = None, owner: tuple[int, int] | None = None
+    ) -> str:
+        """Create the workdir (a fresh temporary one in ``root`` for ``None``), hold it,
+        return its path.
+
+        With an ``owner``, a directory that already exists must be empty, theirs already,
+        or a workdir an earlier sandbox's user left (kept from an earlier run: handed over
+        whole); anything else is refused, since handing it over would let commands change
+        what someone else put there.
+        """
         try:
             if path is None:
-                path = tempfile.mkdtemp(prefix="cmbs-")
+                path = tempfile.mkdtemp(prefix="cmbs-", dir=root)
             else:
                 os.makedirs(path, exist_ok=True)
             path = os.path.realpath(path)
             fd = os.open(path, _DIR)
         except OSError as exc:
             raise ExecutorError(f"cannot create workdir {path}: {exc.strerror}") from exc
+        try:
+            if owner is not None:
+                _hand_over(fd, path, owner)
+        except BaseException:
+            os.close(fd)
+            raise
         identity = _identity(os.fstat(fd))
         with self._lock:
             held = self._held.get(path)
             if held is None:
-                self._held[path] = _Held(fd, identity)
+                self._held[path] = _Held(fd, identity, owner)
                 return path
             held.users += 1
         with held.lock:  # already held: keep one descriptor, of the directory there now
@@ -80,11 +99,17 @@ class Workdirs:
                 held.fd, held.identity = fd, identity
         return path
 
+    def holds(self, path: str) -> bool:
+        """Whether ``path`` is a workdir prepared here and not yet let go."""
+        with self._lock:
+            return path in self._held
+
     def release(self, path: str, *, remove: bool) -> None:
         """Drop one hold on ``path``; at the last, close it and, if ``remove``, delete it.
 
         Only the directory that was prepared is deleted, through its descriptor: a link or
-        another directory put at ``path`` meanwhile is left alone.
+        another directory put at ``path`` meanwhile is left alone. What cannot be deleted
+        stays, and :class:`CleanupFailed` says so.
         """
         with self._lock:
             held = self._held.get(path)
@@ -103,8 +128,8 @@ class Workdirs:
                     _empty(held.fd)
                     if _is_still(path, held):
                         os.rmdir(path)
-            except OSError:
-                pass  # as rmtree(ignore_errors=True): what cannot be removed stays
+            except OSError as exc:
+                raise CleanupFailed(f"workdir {path} could not be removed: {_why(exc)}") from None
             finally:
                 os.close(held.fd)
                 held.fd = -1
@@ -130,8 +155,11 @@ class Workdirs:
             raise PathRefused(
                 f"artifact path has {len(relative.parts)} components; at most {MAX_DEPTH}"
             )
+        with self._lock:
+            held = self._held.get(workdir)
+        owner = held.owner if held is not None else None
         with self._root(workdir) as root:
-            _write_under(root, relative, path, data)
+            _write_under(root, relative, path, data, owner)
 
     @contextmanager
     def _root(self, workdir: str) -> Iterator[int]:
@@ -154,22 +182,64 @@ class Workdirs:
             yield held.fd
 
 
-def _write_under(root: int, relative: PurePosixPath, path: str, data: bytes) -> None:
+def _hand_over(fd: int, path: str, owner: tuple[int, int]) -> None:
+    """Give the workdir open as ``fd`` to ``owner`` (see :meth:`Workdirs.open`)."""
+    status = os.fstat(fd)
+    if status.st_uid == owner[0]:
+        return
+    with os.scandir(fd) as entries:
+        empty = next(entries, None) is None
+    if not empty and status.st_uid not in FRESH_UIDS:
+        raise ExecutorError(
+            f"workdir {path} already holds files that are not the sandbox user's: "
+            "name a new or empty directory"
+        )
+    try:
+        os.fchown(fd, *owner)
+        if not empty:
+            _chown_tree(fd, owner, status.st_dev)
+    except OSError as exc:
+        raise ExecutorError(f"cannot give workdir {path} to the sandbox user: {_why(exc)}") from exc
+
+
+def _chown_tree(fd: int, owner: tuple[int, int], device: int) -> None:
+    """Hand what an earlier sandbox left in the directory ``fd`` to ``owner``: never
+    through a link, never onto another file system."""
+    with os.scandir(fd) as entries:
+        found = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+    for name, is_dir in found:
+        os.chown(name, *owner, dir_fd=fd, follow_symlinks=False)
+        if is_dir:
+            child = os.open(name, _DIR, dir_fd=fd)
+            try:
+                if os.fstat(child).st_dev == device:
+                    _chown_tree(child, owner, device)
+            finally:
+                os.close(child)
+
+
+def _write_under(
+    root: int, relative: PurePosixPath, path: str, data: bytes, owner: tuple[int, int] | None
+) -> None:
     """Walk to the parent from ``root`` (making directories), then rename a new file in."""
     parent = root
     try:
         for depth, name in enumerate(relative.parts[:-1], start=1):
+            made = False
             with _suppressed(errno.EEXIST):
                 os.mkdir(name, dir_fd=parent)
+                made = True
             try:
                 child = os.open(name, _DIR, dir_fd=parent)
             except OSError as exc:
                 prefix = str(PurePosixPath(*relative.parts[:depth]))
                 raise _refusal(path, prefix, exc, name, parent) from exc
+            if made and owner is not None:
+                os.fchown(child, *owner)
             if parent != root:
                 os.close(parent)
             parent = child
-        _replace(parent, relative.name, path, data)
+        _replace(parent, relative.name, path, data, owner)
     finally:
         if parent != root:
             os.close(parent)
@@ -192,7 +262,7 @@ def _refusal(path: str, prefix: str, exc: OSError, name: str, parent: int) -> Pa
     return PathRefused(f"cannot write {path!r}: {prefix!r} changed while it was being opened")
 
 
-def _replace(parent: int, name: str, path: str, data: bytes) -> None:
+def _replace(parent: int, name: str, path: str, data: bytes, owner: tuple[int, int] | None) -> None:
     """Put ``data`` at ``name`` by renaming a fresh file over it; keep a file's mode bits."""
     try:
         existing: os.stat_result | None = os.stat(name, dir_fd=parent, follow_symlinks=False)
@@ -204,6 +274,8 @@ def _replace(parent: int, name: str, path: str, data: bytes) -> None:
     fd = os.open(temporary, _NEW_FILE, 0o644, dir_fd=parent)
     try:
         with open(fd, "wb") as handle:
+            if owner is not None:
+                os.fchown(handle.fileno(), *owner)
             if existing is not None and stat.S_ISREG(existing.st_mode):
                 os.fchmod(handle.fileno(), stat.S_IMODE(existing.st_mode) & 0o777)
             handle.write(data)

@@ -25,21 +25,41 @@ def sshd_available() -> bool:
 
 
 class ThrowawayUser:
-    """A system user with ``/bin/sh`` as its shell, removed again on exit (needs root).
+    """A system user (``/bin/sh`` its shell unless ``shell`` says), removed again on exit
+    (needs root).
 
     For measurements: a login shell that sources a heavy rc file (root's here runs
     ``pyenv init``) costs every command the same and would hide what is measured.
-    ``sudo`` lines go to ``/etc/sudoers.d`` for as long as the user exists.
+    ``sudo`` lines go to ``/etc/sudoers.d`` for as long as the user exists. ``root``: a
+    second uid 0 with a home of its own, where attacks on start-up files may do harm.
     """
 
-    def __init__(self, name: str = "cmbsbench", *, sudo: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        name: str = "cmbsbench",
+        *,
+        sudo: tuple[str, ...] = (),
+        root: bool = False,
+        shell: str = "/bin/sh",
+    ) -> None:
         self.name = name
         self.sudoers = Path("/etc/sudoers.d") / name
         self.sudo = sudo
+        #: a second uid 0 with a home of its own: root's powers, but its start-up files
+        #: (``~/.ssh/rc``, ``~/.bashrc``) are not the real root's, so attacks may wreck them
+        self.root = root
+        self.shell = shell
+
+    @property
+    def home(self) -> Path:
+        return Path("/home") / self.name
 
     def __enter__(self) -> str:
-        subprocess.run(["userdel", "-r", self.name], capture_output=True)
-        subprocess.run(["useradd", "-m", "-s", "/bin/sh", self.name], check=True)
+        subprocess.run(["userdel", "-r", "-f", self.name], capture_output=True)
+        add = ["useradd", "-m", "-d", str(self.home), "-s", self.shell]
+        if self.root:
+            add += ["-o", "-u", "0", "-g", "0"]
+        subprocess.run([*add, self.name], check=True)
         # A user with no password is "locked" to sshd without PAM; '*' is no password
         # and not locked.
         subprocess.run(["usermod", "-p", "*", self.name], check=True)
@@ -50,6 +70,7 @@ class ThrowawayUser:
 
     def __exit__(self, *exc_info: object) -> None:
         self.sudoers.unlink(missing_ok=True)
+        # -f: a uid 0 account is "in use" by every root process
         subprocess.run(["userdel", "-r", "-f", self.name], capture_output=True)
 
 

@@ -12,6 +12,7 @@ import re
 import shutil
 import stat
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -27,9 +28,11 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def executor() -> LocalExecutor:
-    """Commands see the real filesystem, as an unsandboxed agent's do."""
-    return LocalExecutor(sandbox="none", kill_grace=0.3)
+async def executor(tmp_path: Path) -> AsyncIterator[LocalExecutor]:
+    """Commands see the real filesystem, as an unsandboxed agent's do; workdirs lie under
+    ``tmp_path``."""
+    async with LocalExecutor(sandbox="none", workdir_root=str(tmp_path), kill_grace=0.3) as ex:
+        yield ex
 
 
 @pytest.fixture
@@ -43,7 +46,8 @@ def outside(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def temporaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Where temporary workdirs go: a directory of this test's own."""
+    """Where temporary directories go (the default workdir root among them): a directory
+    of this test's own."""
     directory = tmp_path / "tmp"
     directory.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(directory))
@@ -76,10 +80,10 @@ async def test_a_hard_link_to_a_file_outside_is_replaced_not_written_through(
 async def test_rewriting_a_file_keeps_its_permission_bits(
     executor: LocalExecutor, tmp_path: Path
 ) -> None:
-    workdir = await executor.prepare(str(tmp_path), {"check.sh": "echo old"})
+    workdir = await executor.prepare(str(tmp_path / "work"), {"check.sh": "echo old"})
     await run(executor, workdir, "chmod 750 check.sh")
     assert (await executor.write_artifact(workdir, "check.sh", "echo new")).success
-    script = tmp_path / "check.sh"
+    script = tmp_path / "work" / "check.sh"
     assert stat.S_IMODE(script.stat().st_mode) == 0o750 and script.read_text() == "echo new"
 
 
@@ -154,7 +158,8 @@ async def test_a_run_whose_workdir_is_swapped_for_a_link_ends_in_executor_error(
 ) -> None:
     spec, agent = swap_the_workdir_run(outside)
 
-    result = await run_scenario(spec, agent=agent, executor=LocalExecutor(sandbox="none"))
+    async with LocalExecutor(sandbox="none", workdir_root=str(temporaries)) as executor:
+        result = await run_scenario(spec, agent=agent, executor=executor)
 
     assert result.outcome is Outcome.EXECUTOR_ERROR
     assert result.reason is not None
@@ -195,7 +200,7 @@ async def test_a_daemon_swapping_a_directory_for_a_link_gets_nothing_outside(
 async def test_unwritable_artifacts_are_refused_cleanly(
     executor: LocalExecutor, tmp_path: Path, path: str, content: str, reason: str
 ) -> None:
-    workdir = await executor.prepare(str(tmp_path), {})
+    workdir = await executor.prepare(str(tmp_path / "work"), {})
     observation = await executor.write_artifact(workdir, path, content)
     assert not observation.success and observation.error == reason
     assert os.listdir(workdir) == []
@@ -205,8 +210,9 @@ async def test_paths_up_to_the_depth_limit_are_written(
     executor: LocalExecutor, tmp_path: Path
 ) -> None:
     path = "/".join(["d"] * (MAX_DEPTH - 1) + ["f"])
-    assert (await executor.write_artifact(str(tmp_path), path, "deep")).success
-    assert (tmp_path / path).read_text() == "deep"
+    workdir = await executor.prepare(str(tmp_path / "work"), {})
+    assert (await executor.write_artifact(workdir, path, "deep")).success
+    assert (tmp_path / "work" / path).read_text() == "deep"
 
 
 def open_fds() -> dict[int, str]:
@@ -223,19 +229,20 @@ def open_fds() -> dict[int, str]:
 async def test_a_thousand_runs_leave_no_descriptor_and_no_workdir_behind(
     temporaries: Path,
 ) -> None:
-    executor = LocalExecutor(sandbox="none")
     agent_steps = [step("generate_policy", {"path": "p/policy.yaml", "content": "kind: X"})]
     spec = ScenarioSpec(id="fds", goal="write it", files={"seed/a.txt": "x"})
     before = open_fds()
-    for _ in range(1000):
-        result = await run_scenario(spec, agent=ScriptedAgent(agent_steps), executor=executor)
-        assert [entry.observed for entry in result.trace] == ["wrote p/policy.yaml"]
+    async with LocalExecutor(sandbox="none") as executor:  # its workdir root: temporary
+        for _ in range(1000):
+            result = await run_scenario(spec, agent=ScriptedAgent(agent_steps), executor=executor)
+            assert [entry.observed for entry in result.trace] == ["wrote p/policy.yaml"]
+        assert os.listdir(executor.workdir_root) == []
     assert open_fds() == before
-    assert os.listdir(temporaries) == []
+    assert os.listdir(temporaries) == []  # the temporary root went with the executor
 
 
 async def test_named_and_kept_workdirs_are_let_go_and_kept(tmp_path: Path) -> None:
-    executor = LocalExecutor(sandbox="none")
+    executor = LocalExecutor(sandbox="none", workdir_root=str(tmp_path))
     agent_steps = [step("generate_policy", {"path": "policy.yaml", "content": "kind: X"})]
     before = open_fds()
     for index in range(50):
@@ -255,20 +262,21 @@ async def test_named_and_kept_workdirs_are_let_go_and_kept(tmp_path: Path) -> No
     assert len([p async for p in anyio.Path(tmp_path).glob("run*/policy.yaml")]) == 50
 
 
-async def test_a_failed_seed_releases_its_workdir(tmp_path: Path, temporaries: Path) -> None:
-    executor = LocalExecutor(sandbox="none")
+async def test_a_failed_seed_releases_its_workdir(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    executor = LocalExecutor(sandbox="none", workdir_root=str(root))
     before = open_fds()
-    for workdir in (None, str(tmp_path / "kept")):
+    for workdir in (None, str(root / "kept")):
         with pytest.raises(ExecutorError, match="cannot seed scenario file"):
             await executor.prepare(workdir, {"ok.txt": "x", "../escape.txt": "x"})
     assert open_fds() == before
-    assert os.listdir(temporaries) == []  # the temporary workdir is removed
-    assert os.listdir(tmp_path / "kept") == ["ok.txt"]  # the operator's is kept as it is
-    assert not (tmp_path / "escape.txt").exists()
+    assert os.listdir(root) == ["kept"]  # the temporary workdir is removed
+    assert os.listdir(root / "kept") == ["ok.txt"]  # the operator's is kept as it is
+    assert not (root / "escape.txt").exists() and not (tmp_path / "escape.txt").exists()
 
 
 async def test_one_workdir_prepared_again_and_again_is_held_once(tmp_path: Path) -> None:
-    executor = LocalExecutor(sandbox="none")
+    executor = LocalExecutor(sandbox="none", workdir_root=str(tmp_path))
     workdir = str(tmp_path / "work")
     before = open_fds()
     for _ in range(100):
@@ -298,8 +306,8 @@ async def test_a_workdir_given_through_a_link_is_prepared_at_its_real_path(
 async def test_a_file_in_the_path_is_refused_as_not_a_directory(
     executor: LocalExecutor, tmp_path: Path
 ) -> None:
-    workdir = await executor.prepare(str(tmp_path), {"a.txt": "x"})
+    workdir = await executor.prepare(str(tmp_path / "work"), {"a.txt": "x"})
     observation = await executor.write_artifact(workdir, "a.txt/b.txt", "y")
     assert not observation.success
     assert observation.error == "cannot write 'a.txt/b.txt': 'a.txt' is not a directory"
-    assert (tmp_path / "a.txt").read_text() == "x"
+    assert (tmp_path / "work" / "a.txt").read_text() == "x"

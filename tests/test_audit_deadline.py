@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cmbs_async import CallableAgent, Outcome, ScenarioSpec, Turn, run_scenario
 from cmbs_async.audit import SQLiteAuditStore
 from cmbs_async.events import Events
+from executors import LocalExecutor
 
 from .helpers import CMBS, captured_events, step
 
@@ -145,10 +146,13 @@ async def test_a_lock_taken_mid_run_stops_the_step_it_catches(
         return step("check_status", {"command": f"touch ran-{turn.step}"})
 
     spec = ScenarioSpec(id="locked-later", goal="g", workdir=str(workdir))
-    with captured_events() as events:
-        started = time.monotonic()
-        result = await run_scenario(spec, agent=CallableAgent(agent), deadline=3, audit=store)
-        took = time.monotonic() - started
+    async with LocalExecutor(workdir_root=str(tmp_path)) as executor:
+        with captured_events() as events:
+            started = time.monotonic()
+            result = await run_scenario(
+                spec, agent=CallableAgent(agent), deadline=3, audit=store, executor=executor
+            )
+            took = time.monotonic() - started
     assert took < 3 + _GRACE + _SLACK
     assert abs(result.duration_s - took) < 0.5
     assert result.outcome is Outcome.AUDIT_ERROR and result.steps == 1

@@ -58,9 +58,10 @@ async def test_two_hundred_runs_fifty_at_a_time_each_get_one_result(tmp_path: Pa
     log = ResultLog(tmp_path / "out.jsonl", resume=False)
     started = time.monotonic()
     with anyio.fail_after(60):
-        report = await run_batch(
-            jobs, agents=agents, executor=LocalExecutor(), concurrency=50, log=log
-        )
+        async with LocalExecutor() as executor:
+            report = await run_batch(
+                jobs, agents=agents, executor=executor, concurrency=50, log=log
+            )
     log.close()
     assert time.monotonic() - started < 50
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]

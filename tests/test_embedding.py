@@ -86,7 +86,8 @@ async def _batch_without_scenarios(tmp: Path) -> None:
 
 async def _workdir_under_a_file(tmp: Path) -> None:
     (tmp / "file").write_text("")
-    await LocalExecutor(sandbox="none").prepare(str(tmp / "file" / "work"), {})
+    async with LocalExecutor(sandbox="none", workdir_root=str(tmp)) as executor:
+        await executor.prepare(str(tmp / "file" / "work"), {})
 
 
 async def _artifact_path_outside(tmp: Path) -> None:

@@ -55,7 +55,11 @@ K8S_GOALS = {
     Kind.KYVERNO_UPDATE: "Edit the existing Kyverno policies in place (keep their names) so "
     "that they also forbid running as root. The kubeconfig is at `{{ kubeconfig }}`.",
 }
-KUBECONFIG = "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n"
+#: A kubeconfig naming one cluster (its server: what the agent's commands may reach).
+KUBECONFIG = (
+    "apiVersion: v1\nkind: Config\n"
+    "clusters: [{name: k, cluster: {server: 'https://192.0.2.1:6443'}}]\ncontexts: []\nusers: []\n"
+)
 
 
 @pytest.fixture(scope="module", params=["yes", "no"], ids=["fault", "fixed"])
@@ -94,9 +98,10 @@ def scenario_data(target: LocalSshd, tmp_path: Path) -> Path:
 
 
 def unreachable_rhel9(tmp_path: Path) -> Path:
-    """A RHEL9 scenario data object whose host nobody reaches."""
+    """A RHEL9 scenario data object whose host nobody reaches (an address of the
+    documentation range: its network allow-list is made, nothing answers there)."""
     path = tmp_path / "data.json"
-    ansible_ini = '[rhel9_servers]\nrhel9 ansible_host="h"\n'
+    ansible_ini = '[rhel9_servers]\nrhel9 ansible_host="192.0.2.1"\n'
     vars_ = {"ansible_ini": ansible_ini, "ansible_user_key": "k"}
     path.write_text(json.dumps({"goal_template": RHEL9_GOAL, "vars": vars_}))
     return path
@@ -435,7 +440,8 @@ def test_a_signal_stops_an_evaluation_and_leaves_nothing_running(tmp_path: Path)
         f"    - ansible.builtin.shell: '(setsid nohup sleep {marker} &) ; sleep {hang}'\n"
     )
     (workdir / "policy.rego").write_text(POLICY)
-    (tmp_path / "evaluator.ini").write_text("[rhel9_servers]\n")
+    # a host the playbook never reaches: it runs on localhost
+    (tmp_path / "evaluator.ini").write_text("[rhel9_servers]\nrhel9 ansible_host=192.0.2.1\n")
     process = subprocess.Popen(
         [
             *CMBS,

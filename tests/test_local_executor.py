@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -9,14 +10,16 @@ import pytest
 
 from executors import LocalExecutor, PathRefused, confine
 
-from .helpers import processes_with, unique_seconds
+from .helpers import processes_with, unique_seconds, until
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def executor() -> LocalExecutor:
-    return LocalExecutor(kill_grace=0.3)
+async def executor(tmp_path: Path) -> AsyncIterator[LocalExecutor]:
+    """Workdirs under ``tmp_path``: the executor refuses any elsewhere."""
+    async with LocalExecutor(workdir_root=str(tmp_path), kill_grace=0.3) as executor:
+        yield executor
 
 
 @pytest.mark.parametrize(
@@ -33,9 +36,8 @@ def executor() -> LocalExecutor:
 async def test_artifact_paths_that_escape_are_refused(
     executor: LocalExecutor, tmp_path: Path, path: str, reason: str
 ) -> None:
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-    observation = await executor.write_artifact(str(workdir), path, "x")
+    workdir = await executor.prepare(str(tmp_path / "work"), {})
+    observation = await executor.write_artifact(workdir, path, "x")
     assert not observation.success
     assert observation.error is not None and reason in observation.error
     assert not (tmp_path / "outside.txt").exists()
@@ -44,8 +46,10 @@ async def test_artifact_paths_that_escape_are_refused(
 async def test_symlinks_leading_outside_are_refused(
     executor: LocalExecutor, tmp_path: Path
 ) -> None:
-    workdir, outside = tmp_path / "work", tmp_path / "outside"
-    workdir.mkdir()
+    workdir, outside = (
+        Path(await executor.prepare(str(tmp_path / "work"), {})),
+        tmp_path / "outside",
+    )
     outside.mkdir()
     (workdir / "out").symlink_to(outside)
     (workdir / "victim").symlink_to(outside / "victim.txt")
@@ -59,29 +63,31 @@ async def test_symlinks_leading_outside_are_refused(
 async def test_artifacts_are_written_inside_with_parents(
     executor: LocalExecutor, tmp_path: Path
 ) -> None:
-    observation = await executor.write_artifact(str(tmp_path), "policies/p.yaml", "kind: X\n")
+    workdir = await executor.prepare(str(tmp_path / "work"), {})
+    observation = await executor.write_artifact(workdir, "policies/p.yaml", "kind: X\n")
     assert observation.success
-    assert (tmp_path / "policies" / "p.yaml").read_text() == "kind: X\n"
+    assert (tmp_path / "work" / "policies" / "p.yaml").read_text() == "kind: X\n"
     assert confine("a/b.txt").parts == ("a", "b.txt")
     with pytest.raises(PathRefused):
         confine("/abs")
 
 
-async def test_command_runs_in_the_workdir(executor: LocalExecutor, tmp_path: Path) -> None:
-    observation = await executor.run_command(str(tmp_path), "pwd; echo err >&2; exit 3", timeout=10)
+async def test_command_runs_in_the_workdir(executor: LocalExecutor) -> None:
+    workdir = await executor.prepare(None, {})
+    observation = await executor.run_command(workdir, "pwd; echo err >&2; exit 3", timeout=10)
     assert observation.exit_status == 3 and not observation.success
     assert observation.program_found is True
-    assert observation.stdout.text.strip() == str(tmp_path)
+    assert observation.stdout.text.strip() == workdir
     assert observation.stderr.text.strip() == "err"
 
 
 async def test_output_is_capped_head_and_tail(tmp_path: Path) -> None:
-    executor = LocalExecutor(output_cap=1000)
-    observation = await executor.run_command(
-        str(tmp_path),
-        "echo BEGIN; head -c 200000 /dev/zero | tr '\\0' x; echo; echo END",
-        timeout=10,
-    )
+    async with LocalExecutor(output_cap=1000, workdir_root=str(tmp_path)) as executor:
+        observation = await executor.run_command(
+            await executor.prepare(None, {}),
+            "echo BEGIN; head -c 200000 /dev/zero | tr '\\0' x; echo; echo END",
+            timeout=10,
+        )
     out = observation.stdout
     assert out.truncated and out.total_bytes > 200000
     assert out.head.startswith("BEGIN") and out.tail.endswith("END\n")
@@ -89,45 +95,54 @@ async def test_output_is_capped_head_and_tail(tmp_path: Path) -> None:
 
 
 @pytest.fixture(params=["bwrap", "none"])
-def contained(request: pytest.FixtureRequest) -> LocalExecutor:
-    """The executor in the sandbox and without it: both kill all a command started."""
-    return LocalExecutor(sandbox=request.param, kill_grace=0.3)
+async def contained(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[LocalExecutor, str]]:
+    """The executor in the sandbox and without it, with a prepared workdir: both kill all
+    a command started."""
+    async with LocalExecutor(
+        sandbox=request.param, workdir_root=str(tmp_path), kill_grace=0.3
+    ) as executor:
+        yield executor, await executor.prepare(None, {})
 
 
-async def test_timeout_kills_the_whole_group(contained: LocalExecutor, tmp_path: Path) -> None:
+async def test_timeout_kills_the_whole_group(contained: tuple[LocalExecutor, str]) -> None:
+    executor, workdir = contained
     mark = unique_seconds()
     command = f"sh -c 'sleep {mark}' & sleep {mark}"
     with anyio.fail_after(10):
-        observation = await contained.run_command(str(tmp_path), command, timeout=0.5)
+        observation = await executor.run_command(workdir, command, timeout=0.5)
     assert observation.timed_out and not observation.success
     assert observation.error == "command timed out after 0.5 s"
     assert processes_with(mark) == []
 
 
 async def test_a_grandchild_holding_the_pipe_does_not_block(
-    contained: LocalExecutor, tmp_path: Path
+    contained: tuple[LocalExecutor, str],
 ) -> None:
+    executor, workdir = contained
     mark = unique_seconds()
     with anyio.fail_after(5):
-        observation = await contained.run_command(
-            str(tmp_path), f"sleep {mark} & echo done", timeout=30
-        )
+        observation = await executor.run_command(workdir, f"sleep {mark} & echo done", timeout=30)
     assert observation.success and observation.stdout.text == "done\n"
     assert processes_with(mark) == []
 
 
-async def test_cancellation_kills_the_whole_group(contained: LocalExecutor, tmp_path: Path) -> None:
+async def test_cancellation_kills_the_whole_group(contained: tuple[LocalExecutor, str]) -> None:
+    executor, workdir = contained
     mark = unique_seconds()
     command = f"sh -c 'trap \"\" TERM; exec sleep {mark}' & wait"
     with anyio.move_on_after(0.5):
-        await contained.run_command(str(tmp_path), command, timeout=None)
-    assert processes_with(mark) == []
+        await executor.run_command(workdir, command, timeout=None)
+    # a cancelled command is KILLed at once; its caller, gone, does not wait for its end
+    assert await until(lambda: processes_with(mark) == [])
 
 
 async def test_prepare_creates_workdir_and_seeds_files(
     executor: LocalExecutor, tmp_path: Path
 ) -> None:
     workdir = await executor.prepare(None, {"etc/sshd_config": "X11Forwarding yes\n"})
+    assert Path(workdir).parent == tmp_path  # under the root
     try:
         seeded = anyio.Path(workdir, "etc", "sshd_config")
         assert await seeded.read_text() == "X11Forwarding yes\n"
@@ -137,3 +152,4 @@ async def test_prepare_creates_workdir_and_seeds_files(
     named = tmp_path / "a" / "b"
     assert await executor.prepare(str(named), {}) == str(named)
     assert named.is_dir()
+    assert await executor.prepare("c/d", {}) == str(tmp_path / "c" / "d")  # under the root

@@ -80,18 +80,20 @@ async def test_a_missing_program_closes_a_capability_only_when_all_its_programs_
     profile = CISO.model_copy(
         update={"providers": {**CISO.providers, "opa_eval": ("cmbs-no-such-opa", "cmbs-opa")}}
     )
-    gate, executor = Gate(profile), LocalExecutor()
+    gate = Gate(profile)
+    async with LocalExecutor(workdir_root=str(tmp_path)) as executor:
+        workdir = await executor.prepare(None, {})
 
-    async def run(command: str) -> Observation:
-        assert gate.decide(step("execute_opa", {"command": command})).needs_execution
-        observation = await executor.run_command(str(tmp_path), command, timeout=30)
-        gate.observe(observation)
-        return observation
+        async def run(command: str) -> Observation:
+            assert gate.decide(step("execute_opa", {"command": command})).needs_execution
+            observation = await executor.run_command(workdir, command, timeout=30)
+            gate.observe(observation)
+            return observation
 
-    missing = await run("cmbs-no-such-opa eval -d p.rego 'data.check.result'")
-    assert missing.exit_status == 127 and "not found" in missing.stderr.text
-    assert gate.masks.affordances["opa_eval"] == "unknown"  # cmbs-opa may still be there
-    found = await run("cmbs-opa eval --help")
+        missing = await run("cmbs-no-such-opa eval -d p.rego 'data.check.result'")
+        assert missing.exit_status == 127 and "not found" in missing.stderr.text
+        assert gate.masks.affordances["opa_eval"] == "unknown"  # cmbs-opa may still be there
+        found = await run("cmbs-opa eval --help")
     assert found.exit_status == 0 and gate.masks.affordances["opa_eval"] == "available"
 
     alone = Gate(profile.model_copy(update={"providers": {"opa_eval": ("cmbs-no-such-opa",)}}))

@@ -88,7 +88,7 @@ FABRICATIONS = {
 @pytest.mark.parametrize("name", list(FABRICATIONS))
 async def test_a_fabrication_earns_no_posture(name: str, tmp_path: Path) -> None:
     steps = FABRICATIONS[name] + CLAIM
-    async with LocalExecutor() as executor:
+    async with LocalExecutor(workdir_root=str(tmp_path)) as executor:
         result = await run_scenario(
             SPEC.model_copy(update={"workdir": str(tmp_path / "w")}),
             agent=ScriptedAgent(steps),
@@ -119,7 +119,7 @@ async def test_the_same_evaluation_over_collected_input_earns_the_posture(
         ),
         step("terminate", {}, posture="non_compliant", evidence="successful"),
     ]
-    async with LocalExecutor() as executor:
+    async with LocalExecutor(workdir_root=str(tmp_path)) as executor:
         result = await run_scenario(
             SPEC.model_copy(update={"workdir": str(tmp_path / "w")}),
             agent=ScriptedAgent(steps),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import anyio
@@ -20,6 +21,7 @@ from cmbs_async import (
 from cmbs_async.demo import demo_agent, demo_scenario
 from cmbs_async.events import Events
 from executors import LocalExecutor, NullExecutor
+from executors.observation import CommandEnv
 
 from .helpers import captured_events, processes_with, step, unique_seconds
 
@@ -82,11 +84,10 @@ async def test_deadline_kills_a_forking_command_and_ends_the_run() -> None:
     mark = unique_seconds()
     command = f"setsid sh -c 'exec sleep {mark}' & sleep {mark}"
     agent = ScriptedAgent([step("check_status", {"command": command})])
-    started = anyio.current_time()
-    result = await run_scenario(
-        spec(deadline_s=1.0), agent=agent, executor=LocalExecutor(kill_grace=0.3)
-    )
-    elapsed = anyio.current_time() - started
+    async with LocalExecutor(kill_grace=0.3) as executor:
+        started = anyio.current_time()
+        result = await run_scenario(spec(deadline_s=1.0), agent=agent, executor=executor)
+        elapsed = anyio.current_time() - started
     assert result.outcome is Outcome.DEADLINE_EXCEEDED
     assert result.reason == "deadline of 1 s exceeded"
     assert result.sandbox == "bwrap"
@@ -137,7 +138,8 @@ async def test_bad_input_gets_its_documented_answer_and_the_run_goes_on(tmp_path
         ]
     )
     workdir = tmp_path / "work"
-    result = await run_scenario(spec(workdir=str(workdir)), agent=agent)
+    async with LocalExecutor(workdir_root=str(tmp_path)) as executor:
+        result = await run_scenario(spec(workdir=str(workdir)), agent=agent, executor=executor)
     assert result.outcome is Outcome.AGENT_FINISHED
     assert [e.verdict for e in result.trace] == [Verdict.CONTINUE] * 3 + [Verdict.ALLOW]
     assert all(e.message == "Invalid format. Re-emit." for e in result.trace[:3])
@@ -149,7 +151,7 @@ async def test_bad_input_gets_its_documented_answer_and_the_run_goes_on(tmp_path
     assert result.workdir == str(workdir) and workdir.is_dir()
 
 
-async def test_temporary_workdir_is_removed_unless_kept() -> None:
+async def test_temporary_workdir_is_removed_unless_kept(tmp_path: Path) -> None:
     made: list[str] = []
 
     async def look(turn: Turn) -> str | None:
@@ -158,14 +160,17 @@ async def test_temporary_workdir_is_removed_unless_kept() -> None:
         return step("check_status", {"command": "pwd"})
 
     class Recording(LocalExecutor):
-        async def prepare(self, workdir: str | None, files: dict[str, str]) -> str:  # type: ignore[override]
-            made.append(await super().prepare(workdir, files))
+        async def prepare(
+            self, workdir: str | None, files: Mapping[str, str], *, env: CommandEnv | None = None
+        ) -> str:
+            made.append(await super().prepare(workdir, files, env=env))
             return made[-1]
 
-    await run_scenario(spec(), agent=CallableAgent(look), executor=Recording())
-    kept = await run_scenario(
-        spec(), agent=CallableAgent(look), executor=Recording(), keep_workdir=True
-    )
+    async with Recording(workdir_root=str(tmp_path)) as executor:
+        await run_scenario(spec(), agent=CallableAgent(look), executor=executor)
+        kept = await run_scenario(
+            spec(), agent=CallableAgent(look), executor=executor, keep_workdir=True
+        )
     assert not await anyio.Path(made[0]).exists()
     assert kept.workdir == made[1] and await anyio.Path(made[1]).is_dir()
 
@@ -173,9 +178,12 @@ async def test_temporary_workdir_is_removed_unless_kept() -> None:
 async def test_an_executor_that_cannot_start_ends_with_executor_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    result = await run_scenario(
-        spec(workdir=str(blocker / "sub")), agent=ScriptedAgent([step("terminate")])
-    )
+    async with LocalExecutor(workdir_root=str(tmp_path)) as executor:
+        result = await run_scenario(
+            spec(workdir=str(blocker / "sub")),
+            agent=ScriptedAgent([step("terminate")]),
+            executor=executor,
+        )
     assert result.outcome is Outcome.EXECUTOR_ERROR
     assert result.reason is not None and "cannot create workdir" in result.reason
 

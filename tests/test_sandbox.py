@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -20,9 +20,9 @@ import anyio
 import pytest
 
 import executors
-from cmbs_async import Outcome, ScenarioSpec, ScriptedAgent, run_scenario
-from cmbs_async.protocol import CommandEnv
-from executors import LocalExecutor
+from cmbs_async import Outcome, ScenarioResult, ScenarioSpec, ScriptedAgent, run_scenario
+from cmbs_async.protocol import CommandEnv, Observation
+from executors import ExecutorError, LocalExecutor
 from executors.sandbox import SandboxUnavailable, find_bwrap
 
 from .helpers import CMBS, processes_with, step, unique_seconds
@@ -31,10 +31,18 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def sandboxed() -> LocalExecutor:
-    executor = LocalExecutor(sandbox="bwrap", kill_grace=0.3)
-    assert executor.containment == "bwrap"
-    return executor
+async def sandboxed(tmp_path: Path) -> AsyncIterator[LocalExecutor]:
+    async with LocalExecutor(
+        sandbox="bwrap", workdir_root=str(tmp_path), kill_grace=0.3
+    ) as executor:
+        assert executor.containment == "bwrap"
+        yield executor
+
+
+@pytest.fixture
+async def workdir(sandboxed: LocalExecutor) -> str:
+    """A prepared workdir of the sandboxed executor (its sandbox proven)."""
+    return await sandboxed.prepare(None, {})
 
 
 @pytest.fixture
@@ -66,12 +74,12 @@ ESCAPES = {
 
 @pytest.mark.parametrize("attack", list(ESCAPES))
 async def test_nothing_a_command_starts_outlives_it(
-    sandboxed: LocalExecutor, tmp_path: Path, attack: str
+    sandboxed: LocalExecutor, workdir: str, attack: str
 ) -> None:
     mark = unique_seconds()
     with anyio.fail_after(10):
         observation = await sandboxed.run_command(
-            str(tmp_path), ESCAPES[attack].format(m=mark) + " echo started", timeout=30
+            workdir, ESCAPES[attack].format(m=mark) + " echo started", timeout=30
         )
     assert observation.success and "started" in observation.stdout.text
     assert processes_with(mark) == []
@@ -80,9 +88,13 @@ async def test_nothing_a_command_starts_outlives_it(
 async def test_without_the_sandbox_setsid_escapes(tmp_path: Path) -> None:
     """Why the sandbox is the default: a process group does not hold a new session."""
     mark = unique_seconds()
-    bare = LocalExecutor(sandbox="none", kill_grace=0.3)
     try:
-        await bare.run_command(str(tmp_path), f"setsid sleep {mark} & echo started", timeout=30)
+        async with LocalExecutor(
+            sandbox="none", workdir_root=str(tmp_path), kill_grace=0.3
+        ) as bare:
+            workdir = await bare.prepare(None, {})
+            command = f"setsid sleep {mark} & echo started"
+            await bare.run_command(workdir, command, timeout=30)
         escaped = processes_with(mark)
         assert escaped != []
     finally:
@@ -91,24 +103,25 @@ async def test_without_the_sandbox_setsid_escapes(tmp_path: Path) -> None:
 
 
 async def test_a_timed_out_escapee_dies_with_the_sandbox(
-    sandboxed: LocalExecutor, tmp_path: Path
+    sandboxed: LocalExecutor, workdir: str
 ) -> None:
     mark = unique_seconds()
     command = f"setsid sh -c 'trap \"\" TERM; sleep {mark}' & trap '' TERM; sleep {mark}"
     started = anyio.current_time()
-    observation = await sandboxed.run_command(str(tmp_path), command, timeout=0.5)
+    observation = await sandboxed.run_command(workdir, command, timeout=0.5)
     assert observation.timed_out
     assert anyio.current_time() - started < 3
     assert processes_with(mark) == []
 
 
 async def test_the_host_is_read_only_and_tmp_is_private(
-    sandboxed: LocalExecutor, tmp_path: Path
+    sandboxed: LocalExecutor, outside_tmp: Path
 ) -> None:
-    outside = tmp_path / "outside"
+    outside = outside_tmp / "outside"
     outside.mkdir()
-    workdir = tmp_path / "work"
-    workdir.mkdir()
+    os.chmod(outside, 0o1777)  # anyone may write here: only the read-only mount stops it
+    os.chmod(outside_tmp, 0o755)
+    workdir = Path(await sandboxed.prepare(None, {}))
     marker = f"cmbs-sandbox-test-{os.getpid()}"
     command = (
         f"echo x > {outside}/f; echo x > /{marker}; echo x > /tmp/{marker}; "
@@ -140,15 +153,15 @@ async def test_secrets_are_out_of_sight(
     monkeypatch.setenv("CMBS_AGENT_API_KEY", "sk-agent-secret")
     monkeypatch.setenv("CMBS_REVIEWER_API_KEY", "sk-reviewer-secret")
     monkeypatch.setenv("KUBECONFIG", "/etc/kube/config")
-    executor = LocalExecutor(sandbox="bwrap", hidden=[str(elsewhere_key)])
-    workdir = tmp_path / "work"
-    workdir.mkdir()
     command = (
         f"env; cat {home}/.ssh/id_ed25519 {data}/cmbs/signing_key {elsewhere_key}; "
         "cat ~/.ssh/id_ed25519; echo HOME=$HOME; touch $HOME/ok && echo home-writable"
     )
     declared = CommandEnv(values={"SCENARIO_VAR": "1"}, pass_env=("KUBECONFIG",))
-    observation = await executor.run_command(str(workdir), command, timeout=30, env=declared)
+    hidden = [str(elsewhere_key)]
+    async with LocalExecutor(sandbox="bwrap", hidden=hidden, workdir_root=str(tmp_path)) as ex:
+        workdir = await ex.prepare(None, {}, env=declared)
+        observation = await ex.run_command(workdir, command, timeout=30, env=declared)
     seen = observation.stdout.text + observation.stderr.text
     assert "No such file or directory" in seen  # hidden, not merely unreadable
     for secret in ("PRIVATE", "sk-agent-secret", "sk-reviewer-secret", "CMBS_"):
@@ -161,27 +174,46 @@ async def test_secrets_are_out_of_sight(
 async def test_a_declared_readable_path_is_seen_read_only(
     outside_tmp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    os.chmod(outside_tmp, 0o755)  # where homes lie, as /home, anyone may look
     home = outside_tmp / "home"
     (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh" / "target_key").write_text("KEY-FOR-THE-TARGET\n")
-    (home / ".ssh" / "other_key").write_text("OTHER-KEY\n")
+    for name, content in (("target_key", "KEY-FOR-THE-TARGET\n"), ("other_key", "OTHER-KEY\n")):
+        (home / ".ssh" / name).write_text(content)
+        os.chmod(home / ".ssh" / name, 0o600)  # root's alone
     monkeypatch.setenv("HOME", str(home))
-    executor = LocalExecutor(sandbox="bwrap")
     declared = CommandEnv(readable=(str(home / ".ssh" / "target_key"),))
     command = f"cat {home}/.ssh/target_key {home}/.ssh/other_key; echo x >> {home}/.ssh/target_key"
-    observation = await executor.run_command(str(tmp_path), command, timeout=30, env=declared)
+    async with LocalExecutor(sandbox="bwrap", workdir_root=str(tmp_path)) as executor:
+        workdir = await executor.prepare(None, {}, env=declared)
+        observation = await executor.run_command(workdir, command, timeout=30, env=declared)
     assert "KEY-FOR-THE-TARGET" in observation.stdout.text
     assert "OTHER-KEY" not in observation.stdout.text
-    assert "Read-only file system" in observation.stderr.text
+    assert f"cannot create {home}/.ssh/target_key" in observation.stderr.text
     assert (home / ".ssh" / "target_key").read_text() == "KEY-FOR-THE-TARGET\n"
+
+
+async def test_a_declared_readable_file_in_a_root_only_directory_is_readable(
+    outside_tmp: Path, tmp_path: Path
+) -> None:
+    key = outside_tmp / "keys" / "target_key"  # outside_tmp is 0700, root's
+    key.parent.mkdir(mode=0o700)
+    key.write_text("KEY-FOR-THE-TARGET\n")
+    os.chmod(key, 0o600)
+    declared = CommandEnv(readable=(str(key),))
+    async with LocalExecutor(sandbox="bwrap", workdir_root=str(tmp_path)) as executor:
+        workdir = await executor.prepare(None, {}, env=declared)
+        observation = await executor.run_command(workdir, f"cat {key}", timeout=30, env=declared)
+    assert observation.stdout.text == "KEY-FOR-THE-TARGET\n", observation.stderr.text
 
 
 async def test_the_environment_is_an_allow_list_even_without_the_sandbox(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CMBS_AGENT_API_KEY", "sk-agent-secret")
-    executor = LocalExecutor(sandbox="none")
-    observation = await executor.run_command(str(tmp_path), "env", timeout=30)
+    async with LocalExecutor(sandbox="none", workdir_root=str(tmp_path)) as executor:
+        observation = await executor.run_command(
+            await executor.prepare(None, {}), "env", timeout=30
+        )
     assert observation.success and "PATH=" in observation.stdout.text
     assert "sk-agent-secret" not in observation.stdout.text
 
@@ -192,18 +224,24 @@ async def test_a_program_in_the_workdir_is_never_found_by_name(
     """An operator PATH with an empty or relative entry would find the agent's own program
     (an `opa` that prints `true`, say) by its bare name."""
     monkeypatch.setenv("PATH", f".::bin:{os.environ['PATH']}")
-    (tmp_path / "bin").mkdir()
-    for fake in (tmp_path / "cmbs-agent-opa", tmp_path / "bin" / "cmbs-agent-opa"):
-        fake.write_text("#!/bin/sh\necho true\n")
-        fake.chmod(0o755)
+    fake = "#!/bin/sh\necho true\n"
     for sandbox in ("none", "auto"):
-        observed = await LocalExecutor(sandbox=sandbox).run_command(
-            str(tmp_path), "cmbs-agent-opa eval x", timeout=30
-        )
+        root = tmp_path / sandbox
+        async with LocalExecutor(sandbox=sandbox, workdir_root=str(root)) as executor:
+            workdir = await executor.prepare(
+                None, {"cmbs-agent-opa": fake, "bin/cmbs-agent-opa": fake}
+            )
+            for program in (Path(workdir, "cmbs-agent-opa"), Path(workdir, "bin/cmbs-agent-opa")):
+                program.chmod(0o755)
+            observed = await executor.run_command(workdir, "cmbs-agent-opa eval x", timeout=30)
+            found = await executor.run_command(
+                workdir, "./cmbs-agent-opa; bin/cmbs-agent-opa", timeout=30
+            )
         assert observed.exit_status == 127 and observed.stdout.text == ""
+        assert found.stdout.text == "true\ntrue\n"  # they would run, named by a path
 
 
-async def test_network_none_cuts_the_sandbox_off(sandboxed: LocalExecutor, tmp_path: Path) -> None:
+async def test_network_none_cuts_the_sandbox_off(sandboxed: LocalExecutor, workdir: str) -> None:
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(8)
@@ -212,10 +250,8 @@ async def test_network_none_cuts_the_sandbox_off(sandboxed: LocalExecutor, tmp_p
             f"{sys.executable} -c \"import socket; socket.create_connection(('127.0.0.1', {port}),"
             " timeout=5); print('connected')\""
         )
-        on = await sandboxed.run_command(str(tmp_path), probe, timeout=30)
-        off = await sandboxed.run_command(
-            str(tmp_path), probe, timeout=30, env=CommandEnv(network=False)
-        )
+        on = await sandboxed.run_command(workdir, probe, timeout=30)
+        off = await sandboxed.run_command(workdir, probe, timeout=30, env=CommandEnv(network=False))
     assert on.success and "connected" in on.stdout.text
     assert not off.success and "connected" not in off.stdout.text
 
@@ -228,8 +264,9 @@ async def test_a_whole_run_reports_its_sandbox_and_leaves_nothing(tmp_path: Path
             step("check_status", {"command": "cat $HOME/.ssh/* ~/.ssh/*; env"}),
         ]
     )
-    spec = ScenarioSpec(id="contained", goal="g", workdir=str(tmp_path))
-    result = await run_scenario(spec, agent=agent, executor=LocalExecutor())
+    spec = ScenarioSpec(id="contained", goal="g", workdir=str(tmp_path / "w"))
+    async with LocalExecutor(workdir_root=str(tmp_path)) as executor:
+        result = await run_scenario(spec, agent=agent, executor=executor)
     assert result.sandbox == "bwrap" and result.summary()["sandbox"] == "bwrap"
     assert result.outcome is Outcome.AGENT_FINISHED
     assert processes_with(mark) == []
@@ -302,7 +339,11 @@ def test_a_killed_cmbs_leaves_no_command_running(tmp_path: Path) -> None:
     program = (
         "import anyio, sys\n"
         "from executors import LocalExecutor\n"
-        "anyio.run(lambda: LocalExecutor().run_command(sys.argv[1], sys.argv[2], timeout=None))\n"
+        "async def main(root, command):\n"
+        "    executor = LocalExecutor(workdir_root=root)\n"
+        "    workdir = await executor.prepare(None, {})\n"
+        "    await executor.run_command(workdir, command, timeout=None)\n"
+        "anyio.run(main, sys.argv[1], sys.argv[2])\n"
     )
     command = f"setsid sleep {mark} & sleep {mark}"
     parent = subprocess.Popen([sys.executable, "-c", program, str(tmp_path), command])
@@ -327,13 +368,37 @@ def test_a_secret_among_the_tools_stays_hidden(tmp_path: Path) -> None:
     key.write_text("PRIVATE-KEY-AMONG-THE-TOOLS\n")
     try:
         # the directory around the tools hidden too, as a home around a venv would be
-        executor = LocalExecutor(sandbox="bwrap", hidden=[str(key), str(tools.parent)])
+        executor = LocalExecutor(
+            sandbox="bwrap", hidden=[str(key), str(tools.parent)], workdir_root=str(tmp_path)
+        )
         command = f"cat {key}; {sys.executable} -c 'import executors; print(\"tools ok\")'"
-        observation = anyio.run(partial(executor.run_command, str(tmp_path), command, timeout=30))
+        observation = anyio.run(partial(_run_once, executor, command))
     finally:
         key.unlink()
     assert "tools ok" in observation.stdout.text
     assert "PRIVATE" not in observation.stdout.text
+
+
+async def _run_once(executor: LocalExecutor, command: str) -> Observation:
+    async with executor:
+        workdir = await executor.prepare(None, {})
+        return await executor.run_command(workdir, command, timeout=30)
+
+
+def _exposed(where: str, outside_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A directory that, writable, would let commands change what is hidden or used."""
+    home = outside_tmp / "home"
+    (home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    tools = Path(executors.__file__).resolve().parent.parent
+    return {
+        "root": "/",
+        "home": str(home),
+        "parent of home": str(outside_tmp),
+        "tmp": tempfile.gettempdir(),
+        "tools": str(tools),
+        "parent of tools": str(tools.parent),
+    }[where]
 
 
 @pytest.mark.parametrize("where", ["root", "home", "parent of home", "tmp", "tools"])
@@ -341,25 +406,62 @@ def test_a_workdir_that_would_expose_what_is_hidden_is_refused(
     where: str, outside_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The workdir is mounted writable over everything: it must not be ``/``, a home, the
-    shared ``/tmp`` (other runs' workdirs) or the interpreter's tree, and the run says so."""
-    home = outside_tmp / "home"
-    (home / ".ssh").mkdir(parents=True)
-    monkeypatch.setenv("HOME", str(home))
-    tools = Path(executors.__file__).resolve().parent.parent
-    workdir = {
-        "root": "/",
-        "home": str(home),
-        "parent of home": str(outside_tmp),
-        "tmp": tempfile.gettempdir(),
-        "tools": str(tools),
-    }[where]
+    shared ``/tmp`` (other runs' workdirs) or the interpreter's tree, and the run says so:
+    none lies under the workdir root."""
+    workdir = _exposed(where, outside_tmp, monkeypatch)
     spec = ScenarioSpec(id="exposed", goal="g", workdir=workdir)
     agent = ScriptedAgent([step("check_status", {"command": "touch cmbs-test-exposed"})])
-    result = anyio.run(partial(run_scenario, spec, agent=agent, executor=LocalExecutor()))
+    before = os.stat(workdir)
+    result = anyio.run(partial(_run_closing, spec, agent, LocalExecutor()))
     assert result.outcome is Outcome.EXECUTOR_ERROR
-    assert "give the scenario a directory of its own" in result.reason
+    assert result.reason is not None and "is outside the workdir root" in result.reason
     assert result.trace == []
     assert not (Path(workdir) / "cmbs-test-exposed").exists()
+    after = os.stat(workdir)
+    assert (after.st_uid, after.st_gid, after.st_mode) == (
+        before.st_uid,
+        before.st_gid,
+        before.st_mode,
+    )
+
+
+@pytest.mark.parametrize("where", ["root", "home", "parent of home", "tools", "parent of tools"])
+def test_a_workdir_root_that_would_expose_what_is_hidden_is_refused(
+    where: str, outside_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A root is emptied in every sandbox and its workdirs are writable: it cannot be ``/``
+    nor hold a home or the tools."""
+    root = _exposed(where, outside_tmp, monkeypatch)
+    with pytest.raises(ExecutorError, match="the workdir root"):
+        LocalExecutor(workdir_root=root)
+
+
+def test_a_workdir_holding_a_secret_made_since_is_refused(
+    outside_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A secret created under a workdir after the executor was made still stops the run."""
+    root = outside_tmp / "root"
+    data = root / "w" / "data"
+    monkeypatch.setenv("XDG_DATA_HOME", str(data))
+    executor = LocalExecutor(workdir_root=str(root))
+    (data / "cmbs").mkdir(parents=True)
+    (data / "cmbs" / "signing_key").write_text("PRIVATE-SIGNING-KEY\n")
+    spec = ScenarioSpec(id="exposed", goal="g", workdir=str(root / "w"))
+    agent = ScriptedAgent([step("check_status", {"command": "touch cmbs-test-exposed"})])
+    result = anyio.run(partial(_run_closing, spec, agent, executor))
+    assert result.outcome is Outcome.EXECUTOR_ERROR
+    assert result.reason is not None
+    assert "give the scenario a directory of its own" in result.reason
+    assert result.trace == []
+    assert sorted(os.listdir(root / "w")) == ["data"]
+    assert (root / "w").stat().st_uid == 0  # not handed to the sandbox user
+
+
+async def _run_closing(
+    spec: ScenarioSpec, agent: ScriptedAgent, executor: LocalExecutor
+) -> ScenarioResult:
+    async with executor:
+        return await run_scenario(spec, agent=agent, executor=executor)
 
 
 def test_a_scenario_cannot_pass_the_operators_keys_to_commands(tmp_path: Path) -> None:

@@ -1,6 +1,8 @@
 """The SSH executor against a real OpenSSH sshd on 127.0.0.1 (marker ``ssh``).
 
-asyncssh runs on asyncio only: these tests pin the backend.
+Commands run in a sandbox on the host, each in a PID namespace of its own: what they
+start is found here by a unique ``sleep`` argument (:func:`processes_with`), never by a
+pid they report. asyncssh runs on asyncio only: these tests pin the backend.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ import pytest
 
 from cmbs_async import Gate, Outcome, ScenarioSpec, ScriptedAgent, load_profile, run_scenario
 from cmbs_async.demo import demo_agent, demo_scenario
-from cmbs_async.protocol import CommandEnv
+from cmbs_async.protocol import CommandEnv, Limits
 from executors import ExecutorError
 from executors.ssh import (
     CONTAINMENTS,
+    SANDBOXES,
     SSHAuthRefused,
     SSHExecutor,
     SSHHostKeyRejected,
+    SSHLauncherUnavailable,
     SSHTarget,
     SSHUnreachable,
 )
@@ -33,7 +37,6 @@ from executors.ssh import (
 from .helpers import (
     files_under,
     listing,
-    live_pids,
     processes_with,
     step,
     swap_the_workdir_run,
@@ -64,6 +67,14 @@ def sshd() -> Iterator[LocalSshd]:
         yield server
 
 
+def gone(path: str) -> bool:
+    return not os.path.lexists(path)
+
+
+def read(path: Path) -> str:
+    return path.read_text()
+
+
 def target(sshd: LocalSshd, **options: object) -> SSHTarget:
     defaults: dict[str, object] = {
         "identities": (sshd.client_key,),
@@ -80,14 +91,19 @@ async def executor(sshd: LocalSshd) -> AsyncIterator[SSHExecutor]:
 
 @pytest.fixture(params=CONTAINMENTS)
 async def contained(sshd: LocalSshd, request: pytest.FixtureRequest) -> AsyncIterator[SSHExecutor]:
-    """The executor held to one containment (each works as root here)."""
+    """The executor held to one containment (each works as root here; ``session-kill``
+    only because it is named)."""
     async with SSHExecutor(target(sshd), kill_grace=0.3, containments=(request.param,)) as ex:
         yield ex
 
 
-def record_pid(pidfile: Path) -> str:
-    """Shell code appending the shell's pid as this host sees it (``$$`` is 1 in a namespace)."""
-    return f'read -r p _ < /proc/self/stat; echo "$p" >> {pidfile}'
+@pytest.fixture
+def marker() -> Iterator[str]:
+    """A ``sleep`` argument no other process uses; whatever still runs with it is killed."""
+    chosen = unique_seconds()
+    yield chosen
+    for pid in processes_with(chosen):
+        os.kill(pid, signal.SIGKILL)
 
 
 async def test_a_whole_scenario_runs_over_ssh(executor: SSHExecutor) -> None:
@@ -99,6 +115,36 @@ async def test_a_whole_scenario_runs_over_ssh(executor: SSHExecutor) -> None:
     assert result.posture == "non_compliant"
     assert result.trace[3].observed == "exit 2: cannot read sshd_conf"
     assert result.trace[9].observed == "exit 0: false"
+
+
+async def test_prepare_proves_the_sandbox_with_its_canary(executor: SSHExecutor) -> None:
+    workdir = await executor.prepare(None, {}, env=CommandEnv(network="none"))
+    try:
+        containment = executor.containment_of(workdir)
+    finally:
+        await executor.cleanup(workdir)
+    assert containment.sandbox == "pidns" and executor.containment == "pidns"
+    assert containment.user == "root (no capabilities)"
+    assert containment.network == "none"
+    assert containment.limits == {"tmp": 256 << 20, "shm": 64 << 20}
+    tried = {(check.name, check.target) for check in containment.canary}
+    assert {("create a file", "~"), ("create a file", "/etc"), ("create a file", "/tmp")} <= tried
+    assert ("signal the launcher", "its own process namespace") in tried
+    assert ("reach the network", "192.0.2.1:9") in tried
+    assert containment.leaks == ()
+    assert gone(workdir)
+
+
+async def test_the_private_tmp_has_the_declared_size(executor: SSHExecutor) -> None:
+    small = CommandEnv(limits=Limits(tmp="1MiB", shm="1MiB"))
+    workdir = await executor.prepare(None, {}, env=small)
+    limits = executor.containment_of(workdir).limits
+    fill = "head -c 2097152 /dev/zero > /tmp/big; echo $?; head -c 2097152 /dev/zero > big"
+    observation = await executor.run_command(workdir, f"{fill}; echo $?", timeout=30)
+    await executor.cleanup(workdir)
+    assert limits == {"tmp": 1 << 20, "shm": 1 << 20}
+    assert observation.stdout.text == "1\n0\n"  # /tmp is full at 1 MiB; the workdir is not
+    assert "No space left on device" in observation.stderr.text
 
 
 async def test_the_remote_workdir_is_confined(executor: SSHExecutor, tmp_path: Path) -> None:
@@ -118,6 +164,15 @@ async def test_the_remote_workdir_is_confined(executor: SSHExecutor, tmp_path: P
         observation = await executor.write_artifact(prepared, path, "x")
         assert not observation.success and reason in (observation.error or ""), path
     assert list(outside.iterdir()) == []
+    await executor.cleanup(prepared, remove=False)
+    assert (workdir / "a" / "b.txt").read_text() == "seeded"
+
+
+async def test_a_workdir_holding_the_login_home_is_refused(executor: SSHExecutor) -> None:
+    for workdir, guarded in (("/", "/"), ("/root", "/root"), ("/etc/cmbs", "/etc")):
+        with pytest.raises(ExecutorError, match=f"would let commands change {guarded}:"):
+            await executor.prepare(workdir, {})
+    assert gone("/etc/cmbs")
 
 
 async def test_a_missing_program_is_unavailable_over_ssh(executor: SSHExecutor) -> None:
@@ -128,7 +183,6 @@ async def test_a_missing_program_is_unavailable_over_ssh(executor: SSHExecutor) 
         await executor.cleanup(workdir)
     assert observation.exit_status == 127 and observation.program_found is False
     assert "not found" in observation.stderr.text
-    assert "cmbs-pgid" not in observation.stderr.text
     profile = load_profile("ciso")  # with the missing program as the only provider
     gate = Gate(profile.model_copy(update={"providers": {"opa_eval": ("cmbs-no-such-opa",)}}))
     gate.decide(step("execute_opa", {"command": "cmbs-no-such-opa eval x"}))
@@ -136,9 +190,8 @@ async def test_a_missing_program_is_unavailable_over_ssh(executor: SSHExecutor) 
     assert gate.masks.affordances["opa_eval"] == "unavailable"
 
 
-async def test_deadline_kills_the_remote_process_tree(sshd: LocalSshd, tmp_path: Path) -> None:
-    pidfile = tmp_path / "pids"
-    command = f"sh -c '{record_pid(pidfile)}; exec sleep 60' & {record_pid(pidfile)}; sleep 60"
+async def test_deadline_kills_the_remote_process_tree(sshd: LocalSshd, marker: str) -> None:
+    command = f"sh -c 'exec sleep {marker}' & setsid sleep {marker} & sleep {marker}"
     async with SSHExecutor(target(sshd), kill_grace=0.3) as executor:
         started = anyio.current_time()
         result = await run_scenario(
@@ -149,39 +202,37 @@ async def test_deadline_kills_the_remote_process_tree(sshd: LocalSshd, tmp_path:
         elapsed = anyio.current_time() - started
     assert result.outcome is Outcome.DEADLINE_EXCEEDED
     assert elapsed < 10
-    pids = [int(p) for p in pidfile.read_text().split()]
-    assert len(set(pids)) == 2
-    assert live_pids(pids) == []  # the host is this machine: nothing of it survives
+    assert processes_with(marker) == []  # the host is this machine: nothing of it survives
 
 
-async def test_a_command_timeout_kills_it_and_says_so(
-    executor: SSHExecutor, tmp_path: Path
-) -> None:
-    pidfile = tmp_path / "pid"
-    # A time-out long enough for a loaded machine to log in and start the command.
+async def test_a_command_timeout_kills_it_and_says_so(executor: SSHExecutor, marker: str) -> None:
+    workdir = await executor.prepare(None, {})
+    # A time-out long enough for a loaded machine to start the command.
     with anyio.fail_after(20):
         observation = await executor.run_command(
-            str(tmp_path), f"{record_pid(pidfile)}; sleep 60", timeout=3
+            workdir, f"echo started; sleep {marker}", timeout=3
         )
+    await executor.cleanup(workdir)
     assert observation.timed_out and not observation.success
     assert observation.error == "command timed out after 3 s"
-    assert live_pids([int(pidfile.read_text())]) == []
+    assert observation.stdout.text == "started\n"
+    assert processes_with(marker) == []
 
 
 async def test_a_background_grandchild_does_not_hold_the_channel(
-    executor: SSHExecutor, tmp_path: Path
+    executor: SSHExecutor, marker: str
 ) -> None:
-    pidfile = tmp_path / "pid"
-    with anyio.fail_after(5):
+    workdir = await executor.prepare(None, {})
+    with anyio.fail_after(10):
         observation = await executor.run_command(
-            str(tmp_path),
-            f"sh -c '{record_pid(pidfile)}; exec sleep 60' & "
-            f"until [ -s {pidfile} ]; do sleep 0.01; done; echo done",
+            workdir,
+            f"sh -c 'exec sleep {marker}' & "
+            f"until pgrep -f 'slee[p] {marker}' >/dev/null; do sleep 0.01; done; echo done",
             timeout=30,
         )
+    await executor.cleanup(workdir)
     assert observation.success and observation.stdout.text == "done\n"
-    grandchild = int(pidfile.read_text())
-    assert await until(lambda: not live_pids([grandchild])), "the grandchild still runs"
+    assert await until(lambda: not processes_with(marker)), "the grandchild still runs"
 
 
 async def test_thirty_concurrent_commands_on_one_connection(executor: SSHExecutor) -> None:
@@ -203,6 +254,57 @@ async def test_thirty_concurrent_commands_on_one_connection(executor: SSHExecuto
     assert outputs == {i: f"{i}\n" for i in range(30)}
 
 
+async def test_more_scenarios_than_channels_run_at_once(sshd: LocalSshd) -> None:
+    """Each prepared workdir holds a channel (its launcher): past ``max_channels`` the
+    executor opens another connection instead of making scenarios wait."""
+    outputs: dict[int, str] = {}
+    all_ran = anyio.Event()
+    async with SSHExecutor(target(sshd), max_channels=3) as executor:
+
+        async def scenario(i: int) -> None:
+            workdir = await executor.prepare(None, {"n": str(i)})
+            observation = await executor.run_command(workdir, "cat n", timeout=30)
+            outputs[i] = observation.stdout.text
+            if len(outputs) == 7:
+                all_ran.set()
+            await all_ran.wait()  # every workdir held until all have run a command
+            await executor.cleanup(workdir)
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for i in range(7):
+                    tg.start_soon(scenario, i)
+    assert outputs == {i: str(i) for i in range(7)}
+
+
+async def test_two_scenarios_share_a_workdir_until_the_last_cleans_up(
+    executor: SSHExecutor, tmp_path: Path
+) -> None:
+    shared = str(tmp_path / "shared")
+    first = await executor.prepare(shared, {"a": "1"})
+    second = await executor.prepare(shared, {"b": "2"})
+    with pytest.raises(ExecutorError, match="is in use with another sandbox"):
+        await executor.prepare(shared, {}, env=CommandEnv(network="none"))
+    await executor.cleanup(first)
+    observation = await executor.run_command(second, "cat a b", timeout=30)
+    await executor.cleanup(second)
+    assert first == second == shared
+    assert observation.stdout.text == "12"
+    assert gone(shared)
+
+
+async def test_output_is_capped_head_and_tail(sshd: LocalSshd) -> None:
+    async with SSHExecutor(target(sshd), output_cap=1000) as executor:
+        workdir = await executor.prepare(None, {})
+        observation = await executor.run_command(workdir, "seq 1 100000; echo end >&2", timeout=30)
+        await executor.cleanup(workdir)
+    out = observation.stdout
+    assert out.truncated and out.total_bytes == len("".join(f"{i}\n" for i in range(1, 100001)))
+    assert out.head.startswith("1\n2\n3\n") and out.tail.endswith("99999\n100000\n")
+    assert len(out.head) == len(out.tail) == 500
+    assert observation.stderr.text == "end\n"
+
+
 async def test_a_wrong_host_key_is_refused(sshd: LocalSshd) -> None:
     wrong = str(Path(sshd.known_hosts).with_name("wrong_known_hosts"))
     async with SSHExecutor(target(sshd, known_hosts=wrong)) as executor:
@@ -217,7 +319,9 @@ async def test_a_wrong_host_key_is_refused(sshd: LocalSshd) -> None:
 
 async def test_a_pinned_host_key_is_accepted(sshd: LocalSshd) -> None:
     async with SSHExecutor(target(sshd, known_hosts=None, host_key=sshd.host_public_key)) as ex:
-        observation = await ex.run_command("/", "echo pinned", timeout=10)
+        workdir = await ex.prepare(None, {})
+        observation = await ex.run_command(workdir, "echo pinned", timeout=10)
+        await ex.cleanup(workdir)
     assert observation.stdout.text == "pinned\n"
 
 
@@ -256,9 +360,11 @@ async def test_a_dropped_connection_is_an_honest_failure_then_reconnects(
         assert not observation.success
         assert observation.error is not None and "lost during the command" in observation.error
         assert "late" not in observation.stdout.text
-        again = await executor.run_command(workdir, "echo back", timeout=10)
+        again = await executor.run_command(workdir, "cat started && echo back", timeout=10)
         assert again.success and again.stdout.text == "back\n"
+        assert executor.containment_of(workdir).sandbox == "pidns"  # rebuilt and proven
         await executor.cleanup(workdir)
+    assert gone(workdir)
 
 
 def test_cli_runs_a_scenario_over_ssh(sshd: LocalSshd, tmp_path: Path) -> None:
@@ -317,8 +423,8 @@ def markers() -> Iterator[dict[str, str]]:
 
 
 def launch_and_confirm(markers: dict[str, str]) -> str:
-    """Shell code starting every leftover, then printing how many it saw running (the host's
-    process table, read from inside; ``slee[p]`` keeps pgrep from matching itself)."""
+    """Shell code starting every leftover, then printing how many it saw running (its own
+    process table; ``slee[p]`` keeps pgrep from matching itself)."""
     launch = " ".join(LEFTOVERS[name].format(marker) for name, marker in markers.items())
     patterns = " ".join(f"'slee[p] {marker}'" for marker in markers.values())
     return (
@@ -336,11 +442,12 @@ async def survivors(markers: dict[str, str]) -> dict[str, list[int]]:
 
 
 async def test_nothing_a_command_starts_outlives_it(
-    contained: SSHExecutor, markers: dict[str, str], tmp_path: Path
+    contained: SSHExecutor, markers: dict[str, str]
 ) -> None:
-    observation = await contained.run_command(
-        str(tmp_path), launch_and_confirm(markers), timeout=60
-    )
+    workdir = await contained.prepare(None, {})
+    observation = await contained.run_command(workdir, launch_and_confirm(markers), timeout=60)
+    assert all(processes_with(marker) == [] for marker in markers.values())  # already
+    await contained.cleanup(workdir)
     assert observation.stdout.text == f"running={len(markers)}\n", observation.stderr.text
     assert observation.success
     assert contained.containment == contained.containments[0]
@@ -348,20 +455,23 @@ async def test_nothing_a_command_starts_outlives_it(
 
 
 async def test_a_time_out_kills_what_ignores_term_or_left_the_session(
-    contained: SSHExecutor, markers: dict[str, str], tmp_path: Path
+    contained: SSHExecutor, markers: dict[str, str]
 ) -> None:
+    workdir = await contained.prepare(None, {})
     command = f"{launch_and_confirm(markers)}; trap '' TERM; sleep 60"
     with anyio.fail_after(30):
-        observation = await contained.run_command(str(tmp_path), command, timeout=5)
+        observation = await contained.run_command(workdir, command, timeout=5)
     assert observation.timed_out
     assert observation.stdout.text == f"running={len(markers)}\n", observation.stderr.text
     assert await survivors(markers) == {}
+    await contained.cleanup(workdir)
 
 
 async def test_a_dropped_connection_ends_the_remote_command(
-    sshd: LocalSshd, markers: dict[str, str], tmp_path: Path, containment: str
+    sshd: LocalSshd, markers: dict[str, str], containment: str
 ) -> None:
     async with SSHExecutor(target(sshd), containments=(containment,)) as executor:
+        workdir = await executor.prepare(None, {})
 
         async def kill_the_sshd_child_once_all_run() -> None:
             assert await until(lambda: all(processes_with(m) for m in markers.values()), within=50)
@@ -374,10 +484,12 @@ async def test_a_dropped_connection_ends_the_remote_command(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(kill_the_sshd_child_once_all_run)
                 observation = await executor.run_command(
-                    str(tmp_path), f"{launch_and_confirm(markers)}; sleep 60", timeout=None
+                    workdir, f"{launch_and_confirm(markers)}; sleep 60", timeout=None
                 )
+        await executor.cleanup(workdir)
     assert observation.error == f"connection to {target(sshd).label} lost during the command"
     assert await survivors(markers) == {}
+    assert gone(workdir)  # removed by a fresh launcher
 
 
 @pytest.fixture(params=CONTAINMENTS)
@@ -385,11 +497,12 @@ def containment(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-async def test_the_containment_is_known_once_connected(sshd: LocalSshd) -> None:
+async def test_the_containment_is_known_once_prepared(sshd: LocalSshd) -> None:
     executor = SSHExecutor(target(sshd))
-    assert executor.containment == "unknown"
+    assert executor.containment == "unknown" and executor.containments == SANDBOXES
     async with executor:
-        await executor.run_command("/", "true", timeout=10)
+        workdir = await executor.prepare(None, {})
+        await executor.cleanup(workdir)
         assert executor.containment == "pidns"  # the fixture's sshd logs in as root
     with pytest.raises(ValueError, match="containments must be some of"):
         SSHExecutor(target(sshd), containments=("chroot",))
@@ -403,18 +516,25 @@ def user_sshd() -> Iterator[LocalSshd]:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="adding a throwaway user needs root")
-async def test_a_login_without_root_gets_the_containment_it_may_use(
+async def test_a_login_without_root_gets_the_sandbox_it_may_use(
     user_sshd: LocalSshd, markers: dict[str, str]
 ) -> None:
     # unshare needs CAP_SYS_ADMIN; bwrap works where unprivileged user namespaces do
-    bwrap = ["bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--", "true"]
+    bwrap = ["bwrap", "--ro-bind", "/", "/", "--unshare-pid", "--", "true"]
     allowed = await anyio.run_process(["su", user_sshd.user, "-c", shlex.join(bwrap)], check=False)
-    expected = "bwrap" if allowed.returncode == 0 else "session-kill"
     async with SSHExecutor(target(user_sshd)) as executor:
+        if allowed.returncode != 0:
+            with pytest.raises(ExecutorError, match="allows none of the containments"):
+                await executor.prepare(None, {})
+            return
         workdir = await executor.prepare(None, {})
+        containment = executor.containment_of(workdir)
         observation = await executor.run_command(workdir, launch_and_confirm(markers), timeout=60)
+        whoami = await executor.run_command(workdir, "id -un; echo $HOME", timeout=60)
         await executor.cleanup(workdir)
-    assert executor.containment == expected
+    assert containment.sandbox == "bwrap" and containment.user == user_sshd.user
+    assert containment.leaks == ()
+    assert whoami.stdout.text == f"{user_sshd.user}\n/tmp/home\n"
     assert observation.stdout.text == f"running={len(markers)}\n", observation.stderr.text
     assert await survivors(markers) == {}
     async with SSHExecutor(target(user_sshd), containments=("pidns",)) as executor:
@@ -424,8 +544,8 @@ async def test_a_login_without_root_gets_the_containment_it_may_use(
 
 # -- a login shell that talks first ------------------------------------------------------
 
-#: What a chatty profile or a ForceCommand wrapper prints on stderr before any command,
-#: the last line unfinished and more than a read's worth.
+#: What a chatty profile or a ForceCommand wrapper prints before any command, on stdout
+#: and stderr, the last line unfinished and more than a read's worth.
 NOISE = "Last login: never\n" + "x" * 70_000 + "\nno newline here"
 
 
@@ -433,26 +553,48 @@ NOISE = "Last login: never\n" + "x" * 70_000 + "\nno newline here"
 def noisy_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSshd]:
     noise = tmp_path_factory.mktemp("motd") / "noise"
     noise.write_text(NOISE)
-    force = f'ForceCommand cat {noise} >&2; eval "$SSH_ORIGINAL_COMMAND"\n'
+    force = f'ForceCommand cat {noise}; cat {noise} >&2; eval "$SSH_ORIGINAL_COMMAND"\n'
     with LocalSshd(extra_config=force) as server:
         yield server
 
 
-async def test_the_wrapper_is_found_after_what_the_login_shell_prints(
-    noisy_sshd: LocalSshd, tmp_path: Path
+async def test_the_launcher_is_found_after_what_the_login_shell_prints(
+    noisy_sshd: LocalSshd, marker: str
 ) -> None:
-    flag = tmp_path / "got-term"
-    marker = unique_seconds()
     async with SSHExecutor(target(noisy_sshd), kill_grace=0.3, output_cap=1 << 20) as executor:
-        plain = await executor.run_command(str(tmp_path), "echo out; echo err >&2", timeout=30)
+        workdir = await executor.prepare(None, {})
+        plain = await executor.run_command(workdir, "echo out; echo err >&2", timeout=30)
         timed = await executor.run_command(
-            str(tmp_path), f"trap 'echo term > {flag}; exit 0' TERM; sleep {marker}", timeout=1
+            workdir, f"trap 'echo term > got-term; exit 0' TERM; sleep {marker}", timeout=1
         )
+        flag = read(Path(workdir, "got-term"))
+        await executor.cleanup(workdir)
     assert plain.success and plain.stdout.text == "out\n"
-    assert plain.stderr.text == NOISE + "err\n"  # the wrapper's marker is cut out
-    assert timed.timed_out and "cmbs-" not in timed.stderr.text
-    assert flag.read_text() == "term\n"  # the group got TERM: its id was read
+    assert plain.stderr.text == "err\n"  # the login's noise is not the command's
+    assert timed.timed_out
+    assert flag == "term\n"  # the group got TERM before the KILL
     assert processes_with(marker) == []
+
+
+@pytest.fixture(scope="module")
+def pythonless_sshd() -> Iterator[LocalSshd]:
+    """An sshd whose sessions find no python3 (each hidden under /dev/null)."""
+    hide = (
+        "for f in /usr/bin/python3* /usr/libexec/platform-python*; do "
+        '[ -e "$f" ] && mount --bind /dev/null "$f"; done; PATH=/usr/bin:/bin; '
+        'eval "$SSH_ORIGINAL_COMMAND"'
+    )
+    force = f"ForceCommand unshare --mount --propagation private sh -c {shlex.quote(hide)}\n"
+    with LocalSshd(extra_config=force) as server:
+        yield server
+
+
+async def test_a_host_without_python3_is_a_clear_error(pythonless_sshd: LocalSshd) -> None:
+    async with SSHExecutor(target(pythonless_sshd)) as executor:
+        with pytest.raises(SSHLauncherUnavailable) as refused:
+            await executor.prepare(None, {})
+    label = target(pythonless_sshd).label
+    assert str(refused.value) == f"{label} has no python3: the SSH executor's launcher needs it"
 
 
 # -- artifacts a hostile command prepared for ---------------------------------------------
@@ -473,27 +615,45 @@ async def test_a_hard_link_to_a_file_outside_is_replaced_not_written_through(
     victim = tmp_path / "victim"
     victim.write_text("secret")
     workdir = await executor.prepare(str(tmp_path / "work"), {})
-    linked = await executor.run_command(workdir, f"ln {victim} hl", timeout=30)
-    assert linked.success and victim.stat().st_nlink == 2
+    # the sandbox sees no file outside to link (another mount: EXDEV); someone else may
+    linked = await executor.run_command(workdir, "ln /etc/hostname hl", timeout=30)
+    assert not linked.success and "Invalid cross-device link" in linked.stderr.text
+    os.link(victim, tmp_path / "work" / "hl")
 
     observation = await executor.write_artifact(workdir, "hl", "new")
 
     assert observation.success
     assert victim.read_text() == "secret" and victim.stat().st_nlink == 1
     assert (tmp_path / "work" / "hl").read_text() == "new"
+    await executor.cleanup(workdir, remove=False)
+
+
+async def test_a_sandboxed_command_cannot_swap_its_workdir(sshd: LocalSshd, outside: Path) -> None:
+    spec, agent = swap_the_workdir_run(outside)
+    async with SSHExecutor(target(sshd)) as executor:
+        result = await run_scenario(spec, agent=agent, executor=executor)
+    assert result.outcome is Outcome.AGENT_FINISHED, result.reason
+    # its workdir is a mount point there: it stays (the link lands inside it)
+    assert "Device or resource busy" in result.trace[0].stderr
+    assert result.trace[1].observed == "wrote check.sh"
+    assert listing(outside) == ["keep"]
 
 
 async def test_a_workdir_swapped_for_a_link_ends_the_run_in_executor_error(
     sshd: LocalSshd, outside: Path
 ) -> None:
     spec, agent = swap_the_workdir_run(outside)
-    async with SSHExecutor(target(sshd)) as executor:
+    # only without a sandbox can a command replace its own workdir
+    async with SSHExecutor(target(sshd), containments=("session-kill",)) as executor:
         result = await run_scenario(spec, agent=agent, executor=executor)
     assert result.outcome is Outcome.EXECUTOR_ERROR
     assert result.reason is not None
     assert result.reason.startswith("workdir /tmp/cmbs-")
     assert result.reason.endswith(" was deleted or replaced during the run")
     assert listing(outside) == ["keep"]
+    left = result.reason.split()[1]  # the agent's link, which cleanup leaves alone
+    assert os.readlink(left) == str(outside)
+    os.unlink(left)
 
 
 async def test_a_workdir_not_prepared_here_is_checked_from_its_first_write(
@@ -513,7 +673,7 @@ async def test_a_daemon_swapping_a_directory_for_a_link_gets_nothing_outside(
     executor: SSHExecutor, tmp_path: Path, outside: Path
 ) -> None:
     workdir = await executor.prepare(str(tmp_path / "work"), {})
-    written, refused = set(), set()
+    written = set()
     with swapping(workdir, outside):
         for i in range(200):
             observation = await executor.write_artifact(workdir, f"sub/f{i}", str(i))
@@ -521,20 +681,22 @@ async def test_a_daemon_swapping_a_directory_for_a_link_gets_nothing_outside(
                 written.add(i)
             else:
                 assert observation.error is not None and f"'sub/f{i}'" in observation.error
-                refused.add(i)
     assert listing(outside) == ["keep"]
-    assert written and refused  # the race was on: both outcomes happened
     assert files_under(workdir) == {f"f{i}": str(i) for i in written}
+    await executor.cleanup(workdir)
 
 
 async def test_a_scenarios_declared_environment_reaches_remote_commands(
-    executor: SSHExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    executor: SSHExecutor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("KUBECONFIG", "/etc/kube/config")
     monkeypatch.setenv("CMBS_AGENT_API_KEY", "sk-agent-secret")
     declared = CommandEnv(values={"SCENARIO_VAR": "a b'c"}, pass_env=("KUBECONFIG",))
-    observation = await executor.run_command(str(tmp_path), "env", timeout=30, env=declared)
+    workdir = await executor.prepare(None, {}, env=declared)
+    observation = await executor.run_command(workdir, "env", timeout=30, env=declared)
+    await executor.cleanup(workdir)
     assert observation.success
     assert "SCENARIO_VAR=a b'c" in observation.stdout.text
     assert "KUBECONFIG=/etc/kube/config" in observation.stdout.text
     assert "sk-agent-secret" not in observation.stdout.text
+    assert "SSH_AUTH_SOCK" not in observation.stdout.text

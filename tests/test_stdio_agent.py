@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import pytest
 
 from cmbs_async import Outcome, ScenarioSpec, StdioAgent, run_scenario
-from cmbs_async.agents.stdio import Isolation
+from cmbs_async.agents.stdio import AgentSandbox, Isolation
 from executors import LocalExecutor, NullExecutor
+from executors.sandbox import FRESH_UIDS, find_bwrap
 
-from .helpers import EVALUATE, evaluated_files, live_pids
+from .helpers import EVALUATE, evaluated_files, live_pids, processes_with, unique_seconds
 
 pytestmark = pytest.mark.anyio
 
@@ -100,14 +103,20 @@ def running(marker: str) -> list[int]:
 
 CHILD = """trap "" TERM
 touch "{started}/$$"
-while :; do sleep 1; done
+while :; do sleep {mark}; done
 """
 
+# Its children start, then it reports, as the command of its one step, the PID namespace it
+# sees (the executor echoes it into the trace); then it holds on or leaves.
 STUBBORN_AGENT = """trap "" TERM
 read turn
-readlink /proc/self/ns/pid > {tmp}/ns
+mkdir -p {started}
 {children}
 while [ "$(ls {started} | wc -l)" -lt {count} ]; do sleep 0.05; done
+ns=$(readlink /proc/self/ns/pid)
+step='{{"belief": {{}}, "action": {{"type": "check_status", "payload": {{"command": "echo %s"}}}}}}'
+printf "$step\\n" "$ns"
+read turn
 {ending}
 """
 
@@ -130,66 +139,97 @@ async def test_nothing_a_program_starts_outlives_it(
 ) -> None:
     """The program and its children ignore TERM; one child is orphaned, one calls setsid
     (which only a PID namespace contains)."""
-    started = tmp_path / "started"
-    started.mkdir()
+    mark = unique_seconds()
+    started = f"/tmp/started-{mark}"  # the sandbox's private /tmp, or the host's
     child = tmp_path / "child.sh"
-    child.write_text(CHILD.format(started=started))
+    child.write_text(CHILD.format(started=started, mark=mark))
     script = tmp_path / "agent.sh"
     script.write_text(
         STUBBORN_AGENT.format(
-            tmp=tmp_path,
             started=started,
             count=len(children),
             ending=ending,
             children="\n".join(children).format(child=child),
         )
     )
-    with anyio.fail_after(20):
-        result = await run_scenario(
-            SPEC, agent=StdioAgent(["sh", str(script)], isolate=isolate), executor=NullExecutor()
-        )
-    assert result.outcome is Outcome.AGENT_FINISHED
-    assert len(list(started.iterdir())) == len(children)
-    assert running(str(tmp_path)) == []
-    own_namespace = (tmp_path / "ns").read_text().strip() != os.readlink("/proc/self/ns/pid")
-    assert own_namespace is (isolate == "auto")  # bwrap works here
-
-
-async def test_in_its_namespace_the_program_keeps_the_host_files_and_its_environment(
-    tmp_path: Path,
-) -> None:
-    (tmp_path / "note").write_text("hello")
     agent = StdioAgent(
-        'read turn; echo "$API_KEY $(pwd) $(cat note) $(id -u)" > seen',
-        isolate="pidns",
-        cwd=str(tmp_path),
-        env={"PATH": os.defpath, "API_KEY": "sk-123"},
+        ["sh", str(script)], isolate=isolate, sandbox=AgentSandbox(readable=(str(child),))
     )
-    result = await run_scenario(SPEC, agent=agent, executor=NullExecutor())
-    assert result.outcome is Outcome.AGENT_FINISHED
-    assert (tmp_path / "seen").read_text().split() == ["sk-123", str(tmp_path), "hello", "0"]
-    assert (tmp_path / "seen").stat().st_uid == os.getuid()
+    try:
+        with anyio.fail_after(30):
+            async with LocalExecutor() as executor:
+                result = await run_scenario(SPEC, agent=agent, executor=executor)
+        assert result.outcome is Outcome.AGENT_FINISHED
+        assert [t.verdict.value for t in result.trace] == ["ALLOW"]  # its children started
+        seen = (result.trace[0].stdout or "").strip()
+        assert (seen != os.readlink("/proc/self/ns/pid")) is (isolate == "auto")  # bwrap here
+        assert processes_with(str(mark)) == []
+    finally:
+        shutil.rmtree(started, ignore_errors=True)
 
 
-async def test_without_bwrap_auto_falls_back_to_a_group_and_pidns_refuses(
+SEES = """read turn
+step='{"belief": {}, "action": {"type": "check_status", "payload": {"command": "echo %s"}}}'
+printf "$step\\n" "$API_KEY $(pwd) $(cat note) $(id -u) ${SECRET:-unset}"
+read turn
+"""
+
+
+async def test_in_its_sandbox_the_program_sees_what_it_is_given_and_no_more(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found
+    """Its environment is the allow-list and what it is given; its directory and files
+    are shown read-only; it runs as a user of its own (cmbs runs as root here)."""
+    monkeypatch.setenv("API_KEY", "sk-123")
+    monkeypatch.setenv("SECRET", "operator-only")
+    (tmp_path / "note").write_text("hello")
+    agent = StdioAgent(
+        SEES,
+        isolate="sandbox",
+        cwd=str(tmp_path),
+        pass_env=["API_KEY"],
+        sandbox=AgentSandbox(readable=(str(tmp_path / "note"),)),
+    )
+    async with LocalExecutor() as executor:
+        result = await run_scenario(SPEC, agent=agent, executor=executor)
+    assert result.outcome is Outcome.AGENT_FINISHED
+    key, cwd, note, uid, secret = (result.trace[0].stdout or "").split()
+    assert (key, cwd, note, secret) == ("sk-123", str(tmp_path), "hello", "unset")
+    assert int(uid) in FRESH_UIDS  # a user of its own, not root, not the commands'
+    assert result.containment is not None and result.containment.user is not None
+    assert f"({uid})" not in result.containment.user  # the commands run as another
+
+
+@pytest.fixture
+def no_bwrap(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A machine where bubblewrap is not installed."""
+    monkeypatch.setenv("CMBS_BWRAP", "/nonexistent/bwrap")
+    find_bwrap.cache_clear()
+    yield
+    monkeypatch.undo()
+    find_bwrap.cache_clear()
+
+
+async def test_without_bwrap_auto_falls_back_to_a_group_and_sandbox_refuses(
+    tmp_path: Path, no_bwrap: None
+) -> None:
     command = f"read turn; readlink /proc/self/ns/pid > {tmp_path}/ns"
     env = {"PATH": os.defpath}
     fallback = StdioAgent(command, isolate="auto", env=env)
     result = await run_scenario(SPEC, agent=fallback, executor=NullExecutor())
     assert result.outcome is Outcome.AGENT_FINISHED
     assert (tmp_path / "ns").read_text().strip() == os.readlink("/proc/self/ns/pid")
-    refused = StdioAgent(command, isolate="pidns", env=env)
+    refused = StdioAgent(command, isolate="sandbox", env=env)
     result = await run_scenario(SPEC, agent=refused, executor=NullExecutor())
     assert result.outcome is Outcome.AGENT_ERROR
     assert result.reason is not None
-    assert "isolate='pidns' needs bwrap on the PATH" in result.reason
+    assert "isolate='sandbox' needs bubblewrap" in result.reason
 
 
 def test_an_unknown_isolation_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="isolate must be 'auto', 'pidns' or 'group', not 'none'"):
+    with pytest.raises(
+        ValueError, match="isolate must be 'auto', 'sandbox' or 'group', not 'none'"
+    ):
         StdioAgent("true", isolate="none")  # type: ignore[arg-type]
 
 

@@ -5,12 +5,13 @@ from .base import Agent, AgentMessage
 from .callable import CallableAgent
 from .openai import ModelEndpointError, OpenAIAgent
 from .scripted import ScriptedAgent
-from .stdio import AgentProcessError, StdioAgent
+from .stdio import AgentProcessError, AgentSandbox, StdioAgent
 
 __all__ = [
     "Agent",
     "AgentMessage",
     "AgentProcessError",
+    "AgentSandbox",
     "CallableAgent",
     "ModelEndpointError",
     "OpenAIAgent",

@@ -1,50 +1,87 @@
 """An agent that is any program, in any language: turns go to its stdin as JSON lines,
-steps come back on its stdout, one line each."""
+steps come back on its stdout, one line each.
+
+The program is untrusted, so by default it runs in a sandbox of its own (bubblewrap, as
+the commands do; see :mod:`executors.sandbox`): the host read-only, the operator's home,
+the cmbs data directory, the signing key, the audit database and every workdir out of
+sight, a private ``/tmp``, an unprivileged user, an environment of an allow-list and what
+it is given, in a PID namespace of its own. It acts only through its pipes: files reach a
+workdir only through the write actions the gate sees.
+"""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
+import shlex
 import signal
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import suppress
-from subprocess import DEVNULL
+from dataclasses import dataclass, field
 from typing import IO, Literal, NoReturn, Protocol
 
 import anyio
 from anyio.abc import Process
+
+from executors.canary import prove
+from executors.errors import ExecutorError
+from executors.observation import Containment, Limits, Network
+from executors.sandbox import (
+    ALLOWED_ENV,
+    TOOL_DIRS,
+    SandboxSpec,
+    SandboxUser,
+    default_hidden,
+    find_bwrap,
+    sandbox_user,
+)
+from executors.sandboxes import Job, Sandbox, start_sandbox
 
 from .._closing import Closing
 from .._errors import CmbsError
 from ..protocol import Turn
 from .base import AgentMessage
 
-__all__ = ["AgentProcessError", "Isolation", "StdioAgent"]
+__all__ = ["AgentProcessError", "AgentSandbox", "Isolation", "StdioAgent"]
 
 _STDERR_TAIL = 2000
-_GRACE = 1.0  # seconds between TERM and KILL, and for the KILL to take effect
+_GRACE = 1.0  # seconds between asking the program to end and killing it
 
-#: How the agent's processes are kept together so that all of them end with the run.
-Isolation = Literal["auto", "pidns", "group"]
-
-#: The host as it is (files, devices, environment), but a PID namespace of its own, and
-#: the program in a session of its own inside it (it cannot signal bwrap itself).
-_BWRAP = (
-    "--dev-bind", "/", "/", "--proc", "/proc",
-    "--unshare-pid", "--die-with-parent", "--new-session",
-)  # fmt: skip
-
-_bwrap_works: dict[str, bool] = {}
+#: How the program is kept in: ``"sandbox"`` (bubblewrap), ``"group"`` (a process group,
+#: on the host as it is), ``"auto"`` (the sandbox where bubblewrap works, else the group).
+Isolation = Literal["auto", "sandbox", "group"]
 
 
 class AgentProcessError(CmbsError, RuntimeError):
     """The agent program crashed, hung or closed its output; the message says which."""
 
 
+@dataclass(frozen=True)
+class AgentSandbox:
+    """What the agent program's sandbox hides and shows.
+
+    ``hidden``: paths it must not see besides the operator's home and the cmbs data
+    directory: name the signing key and the audit database here (never shown, even when
+    named on its command line);
+    ``workdir_root``: where the scenarios' workdirs are (hidden: the program sees no
+    workdir); ``readable``: files and directories it needs (its own code, a model's
+    weights), shown read-only; files named on its command line are shown on their own;
+    ``network``: ``"all"`` (the default: it must reach its model), ``"none"`` or the only
+    destinations it reaches; ``limits``: what it may use (4 GiB of memory by default);
+    ``user``: who it runs as (a user of its own when cmbs runs as root, so that it shares
+    nothing with the commands' users).
+    """
+
+    hidden: tuple[str, ...] = ()
+    workdir_root: str | None = None
+    readable: tuple[str, ...] = ()
+    network: Network = "all"
+    limits: Limits = field(default_factory=lambda: Limits(memory=4 << 30))
+    user: str | int | None = None
+
+
 class StdioAgent(Closing):
-    """Starts ``command`` (through the shell when it is a string) on first use.
+    """Starts ``command`` (through ``/bin/sh`` when it is a string) on first use.
 
     Each turn is written as one JSON line; the next line the program prints is its step,
     passed on verbatim. An empty line or end of output means it has nothing more to say.
@@ -53,13 +90,13 @@ class StdioAgent(Closing):
     its stderr (the run ends ``agent_error``). Use as an async context manager, or call
     :meth:`aclose`.
 
-    ``isolate`` says how everything the program starts is ended with it: ``"pidns"`` runs it
-    in a PID namespace of its own under bubblewrap (same files, devices and environment), so
-    nothing it starts, even through ``setsid`` or a double fork, outlives it; ``"group"``
-    only in a process group of its own (a ``setsid`` escapes that); ``"auto"`` (the default)
-    is ``"pidns"`` where ``bwrap`` works, else ``"group"``. At the end all of them get TERM,
-    then, after a second's grace, KILL; in a namespace, whatever is left when the program
-    itself exits is killed at once.
+    ``isolate`` (see :data:`Isolation`) and ``sandbox`` say how it is kept in. Its
+    environment is ``env`` if given, else the allow-list (``PATH``, ``LANG``, ``LC_*``,
+    ``TERM``, ``TZ``) and the operator's variables named in ``pass_env`` (the model key it
+    needs, say): never the rest of the operator's environment. It starts in ``cwd`` (the
+    operator's current directory by default; inside the sandbox an empty one if that is a
+    hidden place). Nothing it starts outlives it: at the end its input is closed, and after
+    a second everything left of it is killed.
     """
 
     def __init__(
@@ -69,51 +106,58 @@ class StdioAgent(Closing):
         step_timeout: float = 60.0,
         max_line_bytes: int = 1 << 20,
         isolate: Isolation = "auto",
+        sandbox: AgentSandbox | None = None,
         cwd: str | None = None,
-        env: dict[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        pass_env: Sequence[str] = (),
     ) -> None:
-        if isolate not in ("auto", "pidns", "group"):
-            raise ValueError(f"isolate must be 'auto', 'pidns' or 'group', not {isolate!r}")
+        if isolate not in ("auto", "sandbox", "group"):
+            raise ValueError(f"isolate must be 'auto', 'sandbox' or 'group', not {isolate!r}")
         self.command = command
         self.step_timeout = step_timeout
         self.max_line_bytes = max_line_bytes
         self.isolate = isolate
-        self.cwd = cwd
-        self.env = env
-        self._process: Process | None = None
-        self._tree: _Tree | None = None
+        self.sandbox = sandbox or AgentSandbox()
+        self.cwd = os.path.abspath(cwd or os.getcwd())
+        self.env = dict(env) if env is not None else _allowed_env(pass_env)
+        self._program: _Program | None = None
         self._buffer = bytearray()
-        self._stderr: IO[bytes] | None = None
+        self._stopped = False
 
     async def next_step(self, turn: Turn) -> AgentMessage | None:
-        process = await self._started()
-        assert process.stdin is not None
         try:
-            await process.stdin.send(turn.model_dump_json().encode() + b"\n")
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            return await self._next_step(turn)
+        except anyio.get_cancelled_exc_class():
+            self._stopped = True  # the deadline, say: its end gets no grace
+            raise
+
+    async def _next_step(self, turn: Turn) -> AgentMessage | None:
+        program = await self._started()
+        try:
+            await program.send(turn.model_dump_json().encode() + b"\n")
+        except OSError:
             await self._failed("closed its input")
-        line = await self._read_line(process)
+        line = await self._read_line(program)
         if line is None:
-            await self._wait_briefly(process)
-            if process.returncode not in (0, None):
-                await self._failed(f"exited with status {process.returncode}")
+            status = await program.exit_status(2)
+            if status not in (0, None):
+                await self._failed(f"exited with status {status}")
             return None
         text = line.decode("utf-8", "replace").strip()
         return text or None
 
-    async def _read_line(self, process: Process) -> bytes | None:
-        assert process.stdout is not None
+    async def _read_line(self, program: _Program) -> bytes | None:
         searched = 0
         with anyio.move_on_after(self.step_timeout) as scope:
             while (end := self._buffer.find(b"\n", searched)) < 0:
                 if len(self._buffer) > self.max_line_bytes:
                     break
                 searched = len(self._buffer)
-                try:
-                    self._buffer += await process.stdout.receive()
-                except anyio.EndOfStream:
+                chunk = await program.receive()
+                if not chunk:
                     rest, self._buffer = bytes(self._buffer), bytearray()
                     return rest or None
+                self._buffer += chunk
         if scope.cancelled_caught:
             await self._failed(f"gave no step within {self.step_timeout:g} s")
         if end < 0 or end > self.max_line_bytes:
@@ -122,128 +166,281 @@ class StdioAgent(Closing):
         del self._buffer[: end + 1]
         return line
 
-    async def _started(self) -> Process:
-        if self._process is None:
-            # stderr goes to a file, not a pipe: a chatty program can never block on it
-            self._stderr = tempfile.TemporaryFile()
-            bwrap = shutil.which("bwrap")
-            if self.isolate == "group" or (
-                self.isolate == "auto" and not (bwrap and await _works(bwrap))
-            ):
-                self._process = await self._open(self.command)
-                self._tree = _Group(self._process)
-            elif bwrap is None:
-                await self._failed("could not start: isolate='pidns' needs bwrap on the PATH")
-            else:
-                await self._start_in_namespace(bwrap)
-        assert self._process is not None
-        return self._process
-
-    async def _open(self, command: str | Sequence[str], pass_fds: Sequence[int] = ()) -> Process:
-        return await anyio.open_process(
-            command,
-            cwd=self.cwd,
-            env=self.env,
-            start_new_session=True,
-            stderr=self._stderr,
-            pass_fds=pass_fds,
-        )
-
-    async def _start_in_namespace(self, bwrap: str) -> None:
-        """bwrap reports its init process on a pipe. The process is kept before that is
-        read, so that even a cancellation then leaves it to :meth:`aclose`."""
-        argv = ["/bin/sh", "-c", self.command] if isinstance(self.command, str) else self.command
-        info, write_end = os.pipe()
-        try:
+    async def _started(self) -> _Program:
+        if self._program is None:
+            bwrap = find_bwrap() if self.isolate != "group" else None
+            if self.isolate == "sandbox" and bwrap is None:
+                await self._failed("could not start: isolate='sandbox' needs bubblewrap (bwrap)")
             try:
-                self._process = await self._open(
-                    [bwrap, *_BWRAP, "--info-fd", str(write_end), "--", *argv],
-                    pass_fds=(write_end,),
-                )
-            finally:
-                os.close(write_end)
-            self._tree = _Namespace(self._process, await _read_to_end(info))
-        finally:
-            os.close(info)
-
-    async def _wait_briefly(self, process: Process) -> None:
-        with anyio.move_on_after(2):
-            await process.wait()
+                if bwrap is None:
+                    self._program = await _Grouped.start(self.command, self.cwd, self.env)
+                else:
+                    self._program = await _Sandboxed.start(
+                        bwrap, self.command, self.cwd, self.env, self.sandbox
+                    )
+            except (OSError, ExecutorError) as exc:
+                await self._failed(f"could not start: {getattr(exc, 'strerror', None) or exc}")
+        assert self._program is not None
+        return self._program
 
     async def _failed(self, what: str) -> NoReturn:
-        tail = self._stderr_tail()
+        tail = self._program.stderr_tail() if self._program is not None else ""
         await self.aclose()
         raise AgentProcessError(f"agent program {what}" + (f"; stderr: {tail}" if tail else ""))
 
-    def _stderr_tail(self) -> str:
-        if self._stderr is None:
-            return ""
-        handle = self._stderr
-        handle.seek(0, os.SEEK_END)
-        handle.seek(max(handle.tell() - _STDERR_TAIL, 0))
-        return " ".join(handle.read().decode("utf-8", "replace").split())
+    @property
+    def containment(self) -> Containment | None:
+        """What contains the program, as its sandbox's canary proved (``None`` before it
+        starts, or on the host)."""
+        return self._program.containment if isinstance(self._program, _Sandboxed) else None
 
     async def aclose(self) -> None:
-        process, self._process = self._process, None
-        tree, self._tree = self._tree, None
-        with anyio.CancelScope(shield=True):
-            if tree is not None:
-                await _end(tree)
-            if process is not None:
-                if process.returncode is None:
-                    with suppress(ProcessLookupError):
-                        process.kill()
-                await process.aclose()
-        if self._stderr is not None:
-            self._stderr.close()
-            self._stderr = None
+        program, self._program = self._program, None
+        if program is not None:
+            with anyio.CancelScope(shield=True):
+                await program.end(grace=0 if self._stopped else _GRACE)
 
 
-class _Tree(Protocol):
-    """All the processes of one agent program, to be ended together."""
+class _Program(Protocol):
+    """A running agent program: its pipes and its end."""
 
-    def terminate(self) -> None: ...
+    async def send(self, data: bytes) -> None: ...
 
-    def kill(self) -> None: ...
+    async def receive(self) -> bytes:
+        """The next bytes of its output; ``b""`` at its end."""
 
-    async def gone(self) -> None:
-        """Returns once none of them is left."""
+    async def exit_status(self, wait: float) -> int | None:
+        """Its exit status, waiting at most ``wait`` seconds for it (``None``: still runs)."""
 
-    def close(self) -> None: ...
+    def stderr_tail(self) -> str: ...
 
-
-async def _end(tree: _Tree) -> None:
-    """TERM, a grace, then KILL for whatever is left; the caller shields this."""
-    tree.terminate()
-    with anyio.move_on_after(_GRACE) as grace:
-        await tree.gone()
-    if grace.cancelled_caught:
-        tree.kill()
-        with anyio.move_on_after(_GRACE):
-            await tree.gone()
-    tree.close()
+    async def end(self, *, grace: float) -> None:
+        """Close its input, ``grace`` seconds, then kill all of it (the caller shields
+        this)."""
 
 
-class _Group:
-    """The program's process group: its children stay in it, unless they call ``setsid``."""
+class _Sandboxed:
+    """The program as the one job of a sandbox of its own."""
 
-    def __init__(self, process: Process) -> None:
+    def __init__(self, sandbox: Sandbox, job: Job, containment: Containment) -> None:
+        self._sandbox = sandbox
+        self._job = job
+        self._stderr = _Tail()
+        self._status: int | None = None
+        self.containment = containment
+
+    @classmethod
+    async def start(
+        cls,
+        bwrap: str,
+        command: str | Sequence[str],
+        cwd: str,
+        env: Mapping[str, str],
+        options: AgentSandbox,
+    ) -> _Sandboxed:
+        hidden = (*default_hidden(), *options.hidden)
+        out_of_sight = [*hidden, tempfile.gettempdir(), *filter(None, [options.workdir_root])]
+        spec = SandboxSpec(
+            workdir=None,
+            root=options.workdir_root,
+            user=sandbox_user(options.user) or SandboxUser.fresh(),
+            hidden=hidden,
+            readable=(
+                *options.readable,
+                *_named_files(command, cwd, unseen=out_of_sight, never=options.hidden),
+            ),
+            network=options.network,
+            limits=options.limits,
+            cwd=cwd,
+        )
+        sandbox = await start_sandbox(bwrap, spec, env=env)
+        try:
+            containment = await prove(sandbox, workdir=None, hidden=hidden, kill_grace=_GRACE)
+            job = await sandbox.run(command, env=env, cwd=cwd, stdin=True)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await sandbox.aclose()
+            raise
+        return cls(sandbox, job, containment)
+
+    async def send(self, data: bytes) -> None:
+        assert self._job.stdin is not None
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self._job.stdin, view) :]
+            except BlockingIOError:
+                await self._either(self._job.stdin, writable=True)
+
+    async def receive(self) -> bytes:
+        while True:
+            try:
+                return os.read(self._job.stdout, 65536)
+            except BlockingIOError:
+                await self._either(self._job.stdout)
+
+    async def _either(self, fd: int, *, writable: bool = False) -> None:
+        """Wait until ``fd`` is ready, taking the program's stderr meanwhile (a program
+        that writes much there must never block on it)."""
+        async with anyio.create_task_group() as tg:
+
+            async def ready() -> None:
+                await (anyio.wait_writable(fd) if writable else anyio.wait_readable(fd))
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(ready)
+            while True:
+                await anyio.wait_readable(self._job.stderr)
+                if not self._stderr.take(self._job.stderr):
+                    await anyio.sleep_forever()  # its end: wait for the other
+
+    async def exit_status(self, wait: float) -> int | None:
+        if self._status is None:
+            with anyio.move_on_after(wait):
+                self._status = (await self._sandbox.wait(self._job)).status
+        return self._status
+
+    def stderr_tail(self) -> str:
+        self._stderr.take(self._job.stderr)
+        return self._stderr.text()
+
+    async def end(self, *, grace: float) -> None:
+        self._job.close_stdin()
+        if grace:
+            await self.exit_status(grace)
+        self._job.close()
+        await self._sandbox.aclose()
+
+
+class _Tail:
+    """The last bytes of a stream, taken without blocking."""
+
+    def __init__(self) -> None:
+        self._kept = bytearray()
+
+    def take(self, fd: int) -> bool:
+        """Read what ``fd`` has now; false once it is at its end."""
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except (BlockingIOError, OSError):
+                return True
+            if not chunk:
+                return False
+            self._kept += chunk
+            del self._kept[:-_STDERR_TAIL]
+
+    def text(self) -> str:
+        return " ".join(self._kept.decode("utf-8", "replace").split())
+
+
+class _Grouped:
+    """The program on the host as it is, in a process group of its own (a ``setsid``
+    escapes it): where there is no bubblewrap, or ``isolate="group"``."""
+
+    def __init__(self, process: Process, stderr: IO[bytes]) -> None:
         self._process = process
+        self._stderr = stderr
 
-    def terminate(self) -> None:
-        _signal_group(self._process.pid, signal.SIGTERM)
+    @classmethod
+    async def start(
+        cls, command: str | Sequence[str], cwd: str, env: Mapping[str, str]
+    ) -> _Grouped:
+        # stderr goes to a file, not a pipe: a chatty program can never block on it
+        stderr = tempfile.TemporaryFile()
+        try:
+            process = await anyio.open_process(
+                command,
+                cwd=cwd,
+                env=dict(env),
+                start_new_session=True,
+                stderr=stderr,
+            )
+        except BaseException:
+            stderr.close()
+            raise
+        return cls(process, stderr)
 
-    def kill(self) -> None:
-        _signal_group(self._process.pid, signal.SIGKILL)
+    async def send(self, data: bytes) -> None:
+        assert self._process.stdin is not None
+        try:
+            await self._process.stdin.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise OSError("closed") from exc
 
-    async def gone(self) -> None:
+    async def receive(self) -> bytes:
+        assert self._process.stdout is not None
+        try:
+            return await self._process.stdout.receive()
+        except anyio.EndOfStream:
+            return b""
+
+    async def exit_status(self, wait: float) -> int | None:
+        with anyio.move_on_after(wait):
+            await self._process.wait()
+        return self._process.returncode
+
+    def stderr_tail(self) -> str:
+        self._stderr.seek(0, os.SEEK_END)
+        self._stderr.seek(max(self._stderr.tell() - _STDERR_TAIL, 0))
+        return " ".join(self._stderr.read().decode("utf-8", "replace").split())
+
+    async def end(self, *, grace: float) -> None:
+        """TERM the group, ``grace`` seconds, then KILL whatever is left of it."""
+        group = self._process.pid
+        _signal_group(group, signal.SIGTERM)
+        with anyio.move_on_after(grace) as waited:
+            await self._gone()
+        if waited.cancelled_caught:
+            _signal_group(group, signal.SIGKILL)
+            with anyio.move_on_after(_GRACE):
+                await self._gone()
+        if self._process.returncode is None:
+            with suppress(ProcessLookupError):
+                self._process.kill()
+        await self._process.aclose()
+        self._stderr.close()
+
+    async def _gone(self) -> None:
         await self._process.wait()
         # no event says a group is empty (its members are not our children): poll /proc
         while _running_in_group(self._process.pid):  # noqa: ASYNC110
             await anyio.sleep(0.05)
 
-    def close(self) -> None:
-        pass
+
+def _allowed_env(pass_env: Sequence[str], source: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The allow-list of the operator's environment, and the names the agent is given."""
+    return {
+        name: value
+        for name, value in source.items()
+        if name in ALLOWED_ENV or name.startswith("LC_") or name in pass_env
+    }
+
+
+def _named_files(
+    command: str | Sequence[str], cwd: str, *, unseen: Sequence[str], never: Sequence[str]
+) -> list[str]:
+    """The files a command line names (its script, say) that lie where the sandbox would
+    not show them (``unseen``), as absolute paths; never one of the secrets ``never``
+    names (the signing key, the audit database), even if named."""
+    try:
+        words = shlex.split(command) if isinstance(command, str) else list(command)
+    except ValueError:
+        return []
+    places = [os.path.realpath(place) for place in unseen]
+    secrets = [os.path.realpath(secret) for secret in never]
+    named = []
+    for word in words:
+        path = os.path.realpath(os.path.join(cwd, word))
+        shown = any(_under(path, tool) for tool in TOOL_DIRS)  # the interpreter, say
+        secret = any(_under(path, hidden) for hidden in secrets)
+        if os.path.isfile(path) and not (shown or secret) and any(_under(path, p) for p in places):
+            named.append(os.path.abspath(os.path.join(cwd, word)))
+    return named
+
+
+def _under(path: str, place: str) -> bool:
+    return path == place or path.startswith(place.rstrip("/") + "/")
 
 
 def _signal_group(pgid: int, signum: int) -> None:
@@ -263,97 +460,3 @@ def _running_in_group(pgid: int) -> bool:
         if int(group) == pgid and state != "Z":
             return True
     return False
-
-
-class _Namespace:
-    """The program's own PID namespace under bwrap, which reports its init process there.
-
-    bwrap exits as soon as the program does, and its init then dies with it; when the init
-    dies the kernel kills everything else in the namespace, and the init is gone only once
-    all of them are: so it is the init that is killed and waited for.
-    """
-
-    def __init__(self, process: Process, info: bytes) -> None:
-        self._process = process
-        self._init_pid = 0
-        self._inode = 0
-        self._init: int | None = None
-        if info:  # none when bwrap failed (its stderr says why; the next read says it failed)
-            details = json.loads(info)
-            self._init_pid = int(details["child-pid"])
-            self._inode = int(details["pid-namespace"])
-            self._init = _pidfd(self._init_pid, self._inode)
-
-    def terminate(self) -> None:
-        for pid in _members(self._inode):
-            if pid != self._init_pid and (fd := _pidfd(pid, self._inode)) is not None:
-                _signal_pidfd(fd, signal.SIGTERM)
-                os.close(fd)
-
-    def kill(self) -> None:
-        if self._init is not None:
-            _signal_pidfd(self._init, signal.SIGKILL)
-
-    async def gone(self) -> None:
-        if self._init is not None:
-            await anyio.wait_readable(self._init)  # a pidfd is readable once its process ended
-        await self._process.wait()
-
-    def close(self) -> None:
-        if self._init is not None:
-            os.close(self._init)
-            self._init = None
-
-
-def _members(inode: int) -> list[int]:
-    """The (host) pids of the processes in the PID namespace ``inode``."""
-    return [int(entry) for entry in filter(str.isdigit, os.listdir("/proc")) if _in(entry, inode)]
-
-
-def _in(pid: int | str, inode: int) -> bool:
-    try:
-        return os.stat(f"/proc/{pid}/ns/pid").st_ino == inode
-    except OSError:  # gone, or a zombie
-        return False
-
-
-def _pidfd(pid: int, inode: int) -> int | None:
-    """A pidfd for ``pid`` if it is in the namespace ``inode``: signals sent through it
-    cannot reach another process that got the same number later."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return None
-    if _in(pid, inode):  # checked after opening: the fd holds the process checked
-        return fd
-    os.close(fd)
-    return None
-
-
-def _signal_pidfd(fd: int, signum: int) -> None:
-    with suppress(ProcessLookupError):
-        signal.pidfd_send_signal(fd, signum)
-
-
-async def _works(bwrap: str) -> bool:
-    """Whether bwrap can make a PID namespace here (not in every container); asked once."""
-    if bwrap not in _bwrap_works:
-        probe = await anyio.run_process(
-            [bwrap, *_BWRAP, "--", "true"], check=False, stdout=DEVNULL, stderr=DEVNULL
-        )
-        _bwrap_works[bwrap] = probe.returncode == 0
-    return _bwrap_works[bwrap]
-
-
-async def _read_to_end(fd: int) -> bytes:
-    os.set_blocking(fd, False)
-    data = b""
-    while True:
-        await anyio.wait_readable(fd)
-        try:
-            chunk = os.read(fd, 4096)
-        except BlockingIOError:
-            continue
-        if not chunk:
-            return data
-        data += chunk

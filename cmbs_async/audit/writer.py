@@ -1,8 +1,10 @@
 """The audit sink: one task that writes records through a worker thread, so the event
 loop never blocks on disk, and acknowledges each batch once it is durable.
 
-The sink opens the session as its first write, so opening waits where every record waits:
-inside the run's deadline. Nothing waits on the store longer than its caller does. A
+The sink opens the session with the first batch written, so opening waits where every
+record waits: inside the run's deadline; :meth:`AuditWriter.begin` adds to the session's
+first record what is only known once the run has begun (how its commands are contained).
+Nothing waits on the store longer than its caller does. A
 write whose caller stopped waiting (a deadline passed on a locked or slow database) is
 abandoned, not cancelled: its worker thread finishes a transaction that lands whole or
 not at all, and leaving the writer stops the sink at once instead of waiting for it.
@@ -26,6 +28,7 @@ __all__ = ["AuditWriter", "open_audit_writer"]
 @dataclass
 class _Batch:
     entries: list[Entry]
+    session: dict[str, Any] = field(default_factory=dict)  # for the first record, if first
     done: anyio.Event = field(default_factory=anyio.Event)
     error: BaseException | None = None
 
@@ -39,12 +42,19 @@ class AuditWriter:
         #: a write was cancelled before its records were durable
         self.stalled = False
 
+    async def begin(self, **session: Any) -> None:
+        """Open the session, with ``session`` added to its first record; return once it is
+        durable. Without it, the first :meth:`write` opens the session as it is."""
+        await self._write(_Batch([], session))
+
     async def write(self, *entries: Entry) -> None:
         """Return once ``entries`` are durable; :class:`AuditError` if they cannot be.
 
         Cancelling the caller ends the wait, not the write; :attr:`stalled` then says so.
         """
-        batch = _Batch(list(entries))
+        await self._write(_Batch(list(entries)))
+
+    async def _write(self, batch: _Batch) -> None:
         try:
             await self._send.send(batch)
             await batch.done.wait()
@@ -90,9 +100,17 @@ async def _sink(
     with anyio.CancelScope(shield=True) as scope:
         scopes.append(scope)
         async with batches:
-            refused = await _durably(store.open_session, session_id, session_data)
+            refused: Exception | None = None
+            opened = False
             async for batch in batches:
-                batch.error = refused or await _durably(store.append, session_id, batch.entries)
+                if not opened:
+                    data = session_data | batch.session
+                    refused = await _durably(store.open_session, session_id, data)
+                    opened = True
+                if batch.entries:
+                    batch.error = refused or await _durably(store.append, session_id, batch.entries)
+                else:
+                    batch.error = refused
                 batch.done.set()
 
 

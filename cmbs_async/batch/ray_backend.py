@@ -50,12 +50,10 @@ def _shard(
         return lambda: ScriptedAgent(lines)
 
     async def main() -> list[dict[str, Any]]:
-        report = await run_batch(
-            planned,
-            agents=factory,
-            executor=LocalExecutor(sandbox=sandbox),
-            concurrency=concurrency,
-        )
+        async with LocalExecutor(sandbox=sandbox) as executor:
+            report = await run_batch(
+                planned, agents=factory, executor=executor, concurrency=concurrency
+            )
         return report.records
 
     return anyio.run(main)

@@ -11,6 +11,8 @@ from typing import Any
 
 import anyio
 
+from executors import Executor, ExecutorError, LocalExecutor
+
 from ..agents import Agent, ScriptedAgent
 from ..audit import SQLiteAuditStore, default_data_dir, load_or_create_key
 from ..batch import (
@@ -34,8 +36,10 @@ from .itbench import add_expect_option
 from .signals import Interrupted, cancel_on_signals
 from .specs import (
     SpecError,
+    add_agent_options,
     add_sandbox_option,
     agent_factory,
+    agent_options,
     canonical_agents,
     executor_from_spec,
     secrets_of,
@@ -72,6 +76,7 @@ def add_batch_command(sub: Any, common: argparse.ArgumentParser) -> None:
         "--head-out", help="with --audit-db: write a signed checkpoint of its log at the end"
     )
     add_sandbox_option(batch)
+    add_agent_options(batch)
     batch.add_argument(
         "--itbench-inventory",
         help="score each run as IT-Bench does (RHEL9): its playbook re-run with this "
@@ -100,7 +105,25 @@ def run_batch_command(args: argparse.Namespace) -> int:
     agents = canonical_agents(args.agent)
     jobs = plan(args.scenarios, agents, args.repeat)
     tune_gc_for_batches()
-    factories = {spec: agent_factory(spec) for spec in agents}
+    key_path = default_data_dir() / "signing_key"
+    hidden = secrets_of(key_path, args.audit_db)
+    executor = executor_from_spec(
+        args.executor,
+        sandbox=args.sandbox,
+        hidden=hidden,
+        workdir_root=args.workdir_root,
+        user=args.sandbox_user,
+        command="batch",
+    )
+    root = executor.workdir_root if isinstance(executor, LocalExecutor) else None
+    for job in jobs:  # a workdir elsewhere is refused before anything runs
+        if job.spec.workdir is not None and isinstance(executor, LocalExecutor):
+            try:
+                executor.check_workdir(job.spec.workdir)
+            except ExecutorError as exc:
+                raise BatchError(f"{job.scenario_file}: {exc}") from None
+    options = agent_options(args, hidden=hidden, workdir_root=root)
+    factories = {spec: agent_factory(spec, options) for spec in agents}
     profiles = {name: load_profile(name) for name in dict.fromkeys(j.spec.profile for j in jobs)}
     log = ResultLog(args.out, resume=args.resume)
     stopped: Interrupted | None = None
@@ -130,7 +153,15 @@ def run_batch_command(args: argparse.Namespace) -> int:
         else:
             try:
                 report = anyio.run(
-                    _local, args, jobs, factories, profiles, log, progress, backend=args.backend
+                    _local,
+                    args,
+                    executor,
+                    jobs,
+                    factories,
+                    profiles,
+                    log,
+                    progress,
+                    backend=args.backend,
                 )
             except Interrupted as exc:
                 report, stopped = BatchReport(interrupted=True), exc
@@ -139,6 +170,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
         records = [r for r in log.records if r["key"] in keys]
     finally:
         log.close()
+        anyio.run(executor.aclose)  # what this process made (its workdir root) goes
     of_file = {job.scenario_file: profiles[job.spec.profile] for job in jobs}
     print(render_summary(summarize(records, profiles=of_file)))
     print(
@@ -156,6 +188,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
 
 async def _local(
     args: argparse.Namespace,
+    executor: Executor,
     jobs: list[Job],
     factories: dict[str, Callable[[Profile], Agent]],
     profiles: dict[str, Profile],
@@ -163,12 +196,6 @@ async def _local(
     progress: Progress,
 ) -> BatchReport:
     key_path = default_data_dir() / "signing_key"
-    executor = executor_from_spec(
-        args.executor,
-        sandbox=args.sandbox,
-        hidden=secrets_of(key_path, args.audit_db),
-        command="batch",
-    )
     store = None
     if args.audit_db:
         store = SQLiteAuditStore(args.audit_db, key=load_or_create_key(key_path))

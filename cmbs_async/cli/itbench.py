@@ -6,13 +6,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from executors import Executor
+from executors import Executor, LocalExecutor
+from executors.sandbox import SandboxUser
 
 from ..agents import Agent
 from ..itbench import (
@@ -28,13 +31,14 @@ from ..itbench import (
     load_scenario_data,
     prepare_workdir,
     replace_file,
+    targets,
     write_tar,
 )
-from ..profile import load_profile
+from ..profile import Profile, load_profile
 from ..result import ScenarioResult
 from ..scenario import ScenarioSpec
 from .signals import cancel_on_signals
-from .specs import add_sandbox_option, agent_from_spec, executor_from_spec
+from .specs import add_agent_options, add_sandbox_option, executor_from_spec, parse_network
 
 __all__ = [
     "add_expect_option",
@@ -75,6 +79,14 @@ def add_itbench_command(
         "--deadline", type=seconds, default=DEADLINE_S, help="seconds (IT-Bench's budget)"
     )
     add_sandbox_option(run)
+    add_agent_options(run)
+    run.add_argument(
+        "--network",
+        default="targets",
+        metavar="targets|all|none|HOST:PORT,...",
+        help="what the agent's commands reach: targets is the inventory's hosts and the "
+        "kubeconfig's servers, and nothing else (default: %(default)s)",
+    )
     score = verbs.add_parser(
         "evaluate", parents=[common], help="IT-Bench's pass criterion on a workdir"
     )
@@ -101,17 +113,35 @@ def add_expect_option(parser: argparse.ArgumentParser, flag: str) -> None:
 
 
 def prepare_itbench_run(
-    args: argparse.Namespace, containment: dict[str, Any]
+    args: argparse.Namespace,
+    containment: dict[str, Any],
+    make_agent: Callable[[Executor, Profile], Agent],
 ) -> tuple[ScenarioSpec, Agent, Executor, dict[str, Any]]:
-    """The scenario, agent and executor of ``cmbs itbench run``, DIR laid out."""
+    """The scenario, agent and executor of ``cmbs itbench run``, DIR laid out (and handed
+    to the user sandboxed commands run as)."""
     data = load_scenario_data(args.data)
     kind = Kind(args.kind) if args.kind else guess_kind(data.goal_template)
     if kind is None:
         raise ItbenchError("cannot tell the scenario kind from the goal: give --kind")
+    network = (  # before anything is made: bad input leaves nothing
+        targets(data)
+        if args.network == "targets"
+        else parse_network(args.network, option="--network")
+    )
+    if containment.get("user") is None and os.geteuid() == 0:  # DIR is laid out for them
+        containment = containment | {"user": SandboxUser.fresh()}
     executor = executor_from_spec("local", **containment)
-    agent = agent_from_spec(args.agent, profile=load_profile("ciso"))
-    goal = prepare_workdir(data, args.workdir, kind=kind)
-    spec = itbench_scenario(goal, args.workdir, kind=kind, deadline_s=args.deadline)
+    try:
+        agent = make_agent(executor, load_profile("ciso"))
+        user = executor.user if isinstance(executor, LocalExecutor) else None
+        owner = (user.uid, user.gid) if user is not None else None
+        goal = prepare_workdir(data, args.workdir, kind=kind, owner=owner)
+    except BaseException:
+        anyio.run(executor.aclose)  # what it made (DIR's parent, say) goes
+        raise
+    spec = itbench_scenario(
+        goal, args.workdir, kind=kind, deadline_s=args.deadline, network=network
+    )
     return spec, agent, executor, {}
 
 

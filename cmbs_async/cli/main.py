@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 import anyio
 
-from executors import Executor
+from executors import Executor, ExecutorError, LocalExecutor
 
 from .._errors import CmbsError
 from ..agents import Agent
@@ -27,7 +27,7 @@ from ..audit import SQLiteAuditStore, default_data_dir, load_or_create_key
 from ..demo import demo_agent, demo_scenario
 from ..handle import RunHandle
 from ..mcp_server import serve_stdio
-from ..profile import builtin_profiles, load_profile
+from ..profile import Profile, builtin_profiles, load_profile
 from ..protocol import Turn
 from ..result import ScenarioResult
 from ..review import ConsoleHuman, OpenAIReviewer, Review, load_config
@@ -47,8 +47,10 @@ from .logs import LEVELS, logging_to_stderr
 from .render import render_result
 from .signals import Interrupted, cancel_on_signals
 from .specs import (
+    add_agent_options,
     add_sandbox_option,
     agent_from_spec,
+    agent_options,
     executor_from_spec,
     secrets_of,
 )
@@ -160,6 +162,9 @@ def _parser() -> argparse.ArgumentParser:
     scenario.add_argument("--known-hosts", help="known_hosts file (default: the user's)")
     scenario.add_argument("--host-key", help="pin the host's public key ('ssh-ed25519 AAAA...')")
     scenario.add_argument(
+        "--jump-host", help="ssh://USER@HOST[:PORT] to connect through (as ssh -J)"
+    )
+    scenario.add_argument(
         "--insecure-no-host-key-check",
         action="store_true",
         help="do not verify the SSH host key (logs a warning)",
@@ -177,6 +182,7 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         help="script:STEPS.jsonl | stdio:COMMAND | openai:MODEL@BASE_URL",
     )
+    add_agent_options(run)
     run.add_argument("--config", help="TOML file with a [supervision] table: turns review on")
     run.add_argument(
         "--human", choices=("none", "console"), default="none", help="who answers a PAUSE"
@@ -312,13 +318,38 @@ def _audit_store(args: argparse.Namespace) -> SQLiteAuditStore | None:
 
 
 def _containment(args: argparse.Namespace, *, recorded: bool = True) -> dict[str, Any]:
-    """The sandbox asked for, and the operator's secrets a sandboxed command must not see."""
+    """The sandbox asked for, where workdirs live, and the operator's secrets a sandboxed
+    command (or agent program) must not see."""
     key = (args.signing_key if recorded else None) or default_data_dir() / "signing_key"
+    root = args.workdir_root
+    named = getattr(args, "workdir", None)
+    if root is None and named:  # the operator named the workdir: its parent holds it
+        root = os.path.dirname(os.path.abspath(named))
     return {
         "sandbox": args.sandbox,
         "hidden": secrets_of(key, _audit_path(args) if recorded else None),
         "command": args.command,
+        "workdir_root": root,
+        "user": args.sandbox_user,
     }
+
+
+def _agent(args: argparse.Namespace, executor: Executor, profile: Profile) -> Agent:
+    """The ``--agent`` of ``run`` and ``itbench run``; a stdio program in a sandbox that
+    hides what the commands' sandbox hides, and every workdir."""
+    containment = _containment(args)
+    root = executor.workdir_root if isinstance(executor, LocalExecutor) else None
+    options = agent_options(args, hidden=containment["hidden"], workdir_root=root)
+    return agent_from_spec(args.agent, profile=profile, options=options)
+
+
+def _check_workdir(executor: Executor, spec: ScenarioSpec) -> None:
+    """A scenario's workdir outside the workdir root is refused before anything runs."""
+    if spec.workdir is not None and isinstance(executor, LocalExecutor):
+        try:
+            executor.check_workdir(spec.workdir)
+        except ExecutorError as exc:
+            raise UsageError(str(exc)) from None
 
 
 def _prepare(
@@ -327,7 +358,7 @@ def _prepare(
     if args.command == "demo":
         return demo_scenario(), demo_agent(), executor_from_spec("local", **_containment(args)), {}
     if args.command == "itbench":
-        return prepare_itbench_run(args, _containment(args))
+        return prepare_itbench_run(args, _containment(args), partial(_agent, args))
     spec, overrides = _scenario(args)
     profile = overrides["profile"]
     if args.config:
@@ -339,7 +370,13 @@ def _prepare(
     elif args.human != "none":
         raise UsageError("--human needs --config (a review layer to pause)")
     executor = _executor(args, spec)
-    return spec, agent_from_spec(args.agent, profile=profile), executor, overrides
+    try:
+        _check_workdir(executor, spec)
+        agent = _agent(args, executor, profile)
+    except BaseException:
+        anyio.run(executor.aclose)  # what it made (its workdir root) goes
+        raise
+    return spec, agent, executor, overrides
 
 
 def _scenario(args: argparse.Namespace) -> tuple[ScenarioSpec, dict[str, Any]]:
@@ -370,6 +407,8 @@ def _executor(args: argparse.Namespace, spec: ScenarioSpec) -> Executor:
         known_hosts=args.known_hosts,
         host_key=args.host_key or spec.host_key,
         insecure=args.insecure_no_host_key_check,
+        jump=args.jump_host,
+        source="--executor" if args.executor else "host:",
     )
 
 
@@ -379,6 +418,11 @@ def _serve_mcp(args: argparse.Namespace) -> int:
         raise UsageError("cmbs mcp needs the MCP SDK: pip install 'cmbs-async[mcp]'")
     spec, options = _scenario(args)
     executor = _executor(args, spec)
+    try:
+        _check_workdir(executor, spec)
+    except BaseException:
+        anyio.run(executor.aclose)
+        raise
     store = _audit_store(args)
 
     async def serve() -> ScenarioResult | None:
