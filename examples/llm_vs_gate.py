@@ -112,14 +112,21 @@ class Watching:
 async def one_run(
     rules: Rules, tally: Tally, spec: ScenarioSpec, args: argparse.Namespace, inventory: str
 ) -> None:
-    async with OpenAIAgent(
-        model=args.model, base_url=args.base_url, temperature=0.8, max_tokens=400
-    ) as agent:
+    async with (
+        OpenAIAgent(
+            model=args.model, base_url=args.base_url, temperature=0.8, max_tokens=400
+        ) as agent,
+        LocalExecutor() as executor,
+    ):
         result = await run_scenario(
-            spec, agent=Watching(agent, tally), rules=rules, max_steps=12, keep_workdir=True
+            spec,
+            agent=Watching(agent, tally),
+            executor=executor,
+            rules=rules,
+            max_steps=12,
+            keep_workdir=True,
         )
-    if result.workdir is not None:
-        async with LocalExecutor() as executor:
+        if result.workdir is not None:
             scored = await evaluate(
                 result.workdir,
                 executor=executor,
@@ -127,8 +134,8 @@ async def one_run(
                 inventory=inventory,
                 expect="false" if args.truth == "non_compliant" else "true",
             )
-        tally.passed += scored.passed
-        shutil.rmtree(result.workdir, ignore_errors=True)
+            tally.passed += scored.passed
+            shutil.rmtree(result.workdir, ignore_errors=True)
     tally.runs += 1
     tally.steps += result.steps
     tally.claims_blocked += sum(

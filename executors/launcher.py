@@ -17,17 +17,20 @@ the zygote, and reads the output. The launcher makes the next zygote, and reaps 
 command when it ends.
 
 Messages from the executor: ``{"op": "config", "uid": U, "gid": G, "home": DIR, "cwd":
-DIR, "env": {...}, "joins": [...]}`` first (answered ``{"ready": true}``): a zygote's shell starts in that
-directory with that environment, so that a command that wants no other costs nothing
-more than its ``exec``, and each zygote writes itself into the control groups ``joins``
-names (the scenario's limits are for its commands); then ``{"op": "used", "zygote": K}`` and ``{"op": "kill",
-"zygote": K}``. From the launcher: ``{"zygote": K}`` with four descriptors (the command's
-stdin to write, its stdout and stderr to read, the instructions to write) once a zygote is
-ready; ``{"zygote": K, "exit": S}`` once it has ended (``S`` is 128 + the signal that
-killed it); ``{"zygote": null, "error": REASON}`` when no zygote can be made (the scenario's process limit, say):
-it tries again soon.
+DIR, "env": {...}, "joins": [...]}`` first (answered ``{"ready": true}``): a zygote's
+shell starts in that directory with that environment, so that a command that wants no
+other costs nothing more than its ``exec``, and each zygote writes itself into the
+control groups ``joins`` names (the scenario's limits are for its commands); then
+``{"op": "used", "zygote": K}`` and ``{"op": "kill", "zygote": K}``. From the launcher:
+``{"zygote": K}`` with four descriptors (the command's stdin to write, its stdout and
+stderr to read, the instructions to write) once a zygote is ready; ``{"zygote": K,
+"exit": S}`` once it has ended (``S`` is 128 + the signal that killed it); ``{"zygote":
+null, "error": REASON}`` when no zygote can be made (the scenario's process limit, say):
+it tries again soon. When the executor is gone (its socket closed, whatever ended it),
+the launcher kills every command and ends, and the sandbox with it.
 """
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -91,14 +94,20 @@ class Launcher:
         self.selector.register(source, selectors.EVENT_READ, handler)
 
     def serve(self) -> None:
+        """Until the executor is gone; then every command with it (the sandbox's init
+        waits for every process it inherits, so none may stay)."""
         self._make_zygote()
-        while self.control is not None:
-            events = self.selector.select(_RETRY if self.retry else None)
-            for key, _ in events:
-                if self.selector.get_map().get(key.fd) is key:  # not gone meanwhile
-                    key.data(key.fileobj)
-            if self.retry:
-                self._make_zygote()
+        try:
+            while self.control is not None:
+                events = self.selector.select(_RETRY if self.retry else None)
+                for key, _ in events:
+                    if self.selector.get_map().get(key.fd) is key:  # not gone meanwhile
+                        key.data(key.fileobj)
+                if self.retry:
+                    self._make_zygote()
+        finally:
+            for zygote in self.zygotes.values():
+                zygote.kill()
 
     def _message(self, control: socket.socket) -> None:
         try:
@@ -320,12 +329,14 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-def _start_netguard(setting: dict[str, Any]) -> None:
+def _start_netguard(setting: dict[str, Any]) -> int:
     """Start the network guard with its descriptor (closed here: no command inherits it)
-    and wait until it serves; if it cannot, it has said why on stderr, and nothing starts."""
+    and wait until it serves (its pid); if it cannot, it has said why on stderr, and
+    nothing starts."""
     fd: int = setting["fd"]
     ready, said = os.pipe()
-    if os.fork() == 0:
+    pid = os.fork()
+    if pid == 0:
         try:
             os.dup2(said, 1)
             os.closerange(3, fd)
@@ -339,6 +350,7 @@ def _start_netguard(setting: dict[str, Any]) -> None:
     os.close(ready)
     if answer != b"ready\n":
         sys.exit(1)
+    return pid
 
 
 def main(fd: int) -> None:
@@ -347,11 +359,17 @@ def main(fd: int) -> None:
     config = json.loads(control.recv(_MAX))
     os.makedirs(config["home"], exist_ok=True)
     os.chown(config["home"], config["uid"], config["gid"])
+    helpers: list[int] = []  # processes of its own, ended with it
     if config.get("netguard"):  # network by allow-list: see executors/netguard.py
-        _start_netguard(config["netguard"])
+        helpers.append(_start_netguard(config["netguard"]))
     launcher = Launcher(control, config)
     control.send(json.dumps({"ready": True}).encode())
-    launcher.serve()
+    try:
+        launcher.serve()
+    finally:
+        for pid in helpers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":

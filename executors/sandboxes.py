@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -275,8 +276,9 @@ class Sandbox:
             self._send({"op": "kill", "zygote": job.id})
 
     async def aclose(self) -> None:
-        """KILL the whole sandbox, wait (briefly) for its namespace to be empty, then remove
-        its control group. Shielded: it always finishes."""
+        """KILL the whole sandbox (its namespace's init: the kernel ends every process in
+        it), wait (briefly) for the namespace to be empty, then remove its control group.
+        Shielded: it always finishes."""
         if self._closed:
             return
         self._closed = True
@@ -284,9 +286,13 @@ class Sandbox:
             if self._init is None:
                 self._take_init()
             init, self._init = self._init, None
+            if init is not None:  # the init of its PID namespace: the kernel ends the rest
+                with suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(init, signal.SIGKILL)
+            self._sock.close()  # and the launcher ends with its control socket, in any case
             if self._process.returncode is None:
                 try:
-                    os.killpg(self._process.pid, signal.SIGKILL)  # bwrap and its init
+                    os.killpg(self._process.pid, signal.SIGKILL)  # bwrap itself
                 except (ProcessLookupError, PermissionError):
                     pass
             if init is not None:
@@ -300,7 +306,6 @@ class Sandbox:
             await self._process.aclose()
             if self.broker is not None:
                 await anyio.to_thread.run_sync(self.broker.close)
-            self._sock.close()
             for ready in self._zygotes:
                 for fd in ready[1] if isinstance(ready, tuple) else ():
                     os.close(fd)

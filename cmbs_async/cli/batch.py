@@ -115,6 +115,19 @@ def run_batch_command(args: argparse.Namespace) -> int:
         user=args.sandbox_user,
         command="batch",
     )
+    try:
+        return _run_batch(args, executor, jobs, agents, hidden)
+    finally:
+        anyio.run(executor.aclose)  # what this process made (its workdir root) goes
+
+
+def _run_batch(
+    args: argparse.Namespace,
+    executor: Executor,
+    jobs: list[Job],
+    agents: list[str],
+    hidden: tuple[str, ...],
+) -> int:
     root = executor.workdir_root if isinstance(executor, LocalExecutor) else None
     for job in jobs:  # a workdir elsewhere is refused before anything runs
         if job.spec.workdir is not None and isinstance(executor, LocalExecutor):
@@ -170,7 +183,6 @@ def run_batch_command(args: argparse.Namespace) -> int:
         records = [r for r in log.records if r["key"] in keys]
     finally:
         log.close()
-        anyio.run(executor.aclose)  # what this process made (its workdir root) goes
     of_file = {job.scenario_file: profiles[job.spec.profile] for job in jobs}
     print(render_summary(summarize(records, profiles=of_file)))
     print(
