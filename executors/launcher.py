@@ -57,7 +57,7 @@ _LANDLOCK_CREATE_RULESET_VERSION = 1
 _LANDLOCK_SCOPES = 1 | 2  # abstract Unix sockets, signals
 _RETRY = 0.05  # seconds before trying again to make a zygote that could not be made
 _LIMIT = "the scenario's process limit is reached"
-_POOL = 2  # zygotes kept ready: commands back to back never wait for one
+_POOL = 1  # zygotes kept ready (one: more makes a scenario slower to end)
 #: The zygote's shell: it runs the instructions the executor writes to descriptor 3.
 _WAITER = ["/bin/sh", "-c", ". /dev/fd/3"]
 #: The same, where the zygote could not enter the directory: the shell says why.
