@@ -64,8 +64,9 @@ class LocalExecutor(Closing):
 
     ``sandbox``: ``"bwrap"`` gives each prepared workdir (each scenario) a bubblewrap
     sandbox, proven by a canary before anything runs in it; its commands run as ``user``
-    (``nobody`` when cmbs runs as root), each in a PID namespace of its own, so that when
-    it exits, or on a time-out or cancellation, every process it started dies with it.
+    (by default, as root, a fresh user of the workdir's own: :meth:`SandboxUser.fresh`),
+    each in a PID namespace of its own, so that when it exits, or on a time-out or
+    cancellation, every process it started dies with it.
     ``"none"`` runs each command in a new session whose process group is killed (TERM,
     ``kill_grace`` seconds, KILL), which a command that calls ``setsid`` escapes;
     ``"auto"`` (the default) takes bwrap where it works here, else none, which
@@ -74,8 +75,9 @@ class LocalExecutor(Closing):
     Workdirs live under ``workdir_root`` (by default a fresh temporary directory, removed
     with the executor once empty): a workdir elsewhere is refused. ``hidden`` names paths
     a sandboxed command must not see, besides the operator's home and the cmbs data
-    directory. Output is capped at ``output_cap`` bytes per stream; reading stops
-    ``drain_grace`` seconds after a command ends even if something still holds the pipe.
+    directory (name an audit database's ``-wal`` and ``-shm`` files too). Output is capped
+    at ``output_cap`` bytes per stream; reading stops ``drain_grace`` seconds after a
+    command ends even if something still holds the pipe.
     """
 
     def __init__(

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from .helpers import processes_with, unique_seconds
 from .llm_server import LlamaServer, model_path
 
 DATA = Path(__file__).parent / "data"
@@ -44,3 +46,12 @@ def llama() -> Iterator[LlamaServer]:
     assert path is not None, "the llm extra is not installed"
     with LlamaServer(path) as running:
         yield running
+
+
+@pytest.fixture
+def marker() -> Iterator[str]:
+    """A ``sleep`` argument no other process uses; whatever still runs with it is killed."""
+    chosen = unique_seconds()
+    yield chosen
+    for pid in processes_with(chosen):
+        os.kill(pid, signal.SIGKILL)

@@ -97,15 +97,6 @@ async def contained(sshd: LocalSshd, request: pytest.FixtureRequest) -> AsyncIte
         yield ex
 
 
-@pytest.fixture
-def marker() -> Iterator[str]:
-    """A ``sleep`` argument no other process uses; whatever still runs with it is killed."""
-    chosen = unique_seconds()
-    yield chosen
-    for pid in processes_with(chosen):
-        os.kill(pid, signal.SIGKILL)
-
-
 async def test_a_whole_scenario_runs_over_ssh(executor: SSHExecutor) -> None:
     # the host is this machine: its cmbs-opa is this environment's
     path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"

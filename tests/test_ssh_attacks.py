@@ -26,7 +26,7 @@ from cmbs_async.protocol import CommandEnv, Containment
 from executors.base import CleanupFailed, ExecutorError, SandboxLeak
 from executors.ssh import SSHAuthRefused, SSHExecutor, SSHTarget, SSHUnreachable
 
-from .helpers import processes_with, step, unique_seconds, until
+from .helpers import processes_with, step, until
 from .sshd import LocalSshd, ThrowawayUser, free_port, sshd_available
 
 pytestmark = [
@@ -95,15 +95,6 @@ def sandboxed(request: pytest.FixtureRequest) -> tuple[Login, str]:
     who, how = request.param
     login: Login = request.getfixturevalue(f"{who}_login")
     return login, how
-
-
-@pytest.fixture
-def marker() -> Iterator[str]:
-    """A ``sleep`` argument no other process uses; whatever still runs with it is killed."""
-    chosen = unique_seconds()
-    yield chosen
-    for pid in processes_with(chosen):
-        os.kill(pid, signal.SIGKILL)
 
 
 def gone(path: str) -> bool:
