@@ -15,6 +15,7 @@ from executors import CmbsError, ExecutorError
 from executors._lazy import lazy_names as _lazy_names
 
 if typing.TYPE_CHECKING:
+    from ._reading import ReadError
     from .agents import (
         Agent,
         AgentMessage,
@@ -35,6 +36,8 @@ if typing.TYPE_CHECKING:
         load_or_create_key,
     )
     from .batch import BatchError
+    from .evaluating import Programs, run_evaluation
+    from .evaluators import Evaluation, Evaluator
     from .gate import Decision, Gate, Messages, ObservationOwed, Payload, Rules
     from .handle import RunHandle
     from .itbench import ItbenchError
@@ -58,11 +61,15 @@ if typing.TYPE_CHECKING:
         CommandPayload,
         Commitment,
         Containment,
+        EvaluationPayload,
+        FileChange,
+        InputFile,
         Limits,
         MasksView,
         Observation,
         Output,
         PosturePayload,
+        Program,
         Response,
         Turn,
         Verdict,
@@ -110,8 +117,13 @@ __all__ = [
     "ConsoleHuman",
     "Containment",
     "Decision",
+    "Evaluation",
+    "EvaluationPayload",
+    "Evaluator",
     "ExecutorError",
+    "FileChange",
     "Gate",
+    "InputFile",
     "ItbenchError",
     "Limits",
     "Masks",
@@ -129,6 +141,9 @@ __all__ = [
     "PostureSignal",
     "Profile",
     "ProfileError",
+    "Program",
+    "Programs",
+    "ReadError",
     "ReplayReport",
     "Response",
     "Review",
@@ -155,6 +170,7 @@ __all__ = [
     "load_profile",
     "load_scenario",
     "replay",
+    "run_evaluation",
     "run_scenario",
 ]
 
@@ -180,6 +196,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "load_or_create_key",
     ),
     "batch": ("BatchError",),
+    "evaluating": ("Programs", "run_evaluation"),
+    "evaluators": ("Evaluation", "Evaluator"),
     "gate": (
         "Decision",
         "Gate",
@@ -209,15 +227,20 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "CommandPayload",
         "Commitment",
         "Containment",
+        "EvaluationPayload",
+        "FileChange",
+        "InputFile",
         "Limits",
         "MasksView",
         "Observation",
         "Output",
         "PosturePayload",
+        "Program",
         "Response",
         "Turn",
         "Verdict",
     ),
+    "_reading": ("ReadError",),
     "replayer": (
         "ReplayReport",
         "replay",

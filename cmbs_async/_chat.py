@@ -3,16 +3,28 @@ any OpenAI-compatible ``/chat/completions`` endpoint, over one HTTP client."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any, cast
 
 import anyio
 import httpx
 
 from ._closing import Closing
+from ._errors import CmbsError
+from ._reading import size_text
 
-__all__ = ["ChatEndpoint", "completion_content"]
+__all__ = ["REPLY_MAX_BYTES", "ChatEndpoint", "completion_content"]
+
+#: The largest reply read from a chat endpoint (a model's step is capped at 4 MiB anyway).
+REPLY_MAX_BYTES = 16 << 20
+#: headers that described the body as it came, not as it is kept (decoded, whole)
+_DECODED = {"content-encoding", "content-length", "transfer-encoding"}
+
+
+class _ReplyTooLarge(CmbsError, httpx.DecodingError):
+    """A chat endpoint's reply over :data:`REPLY_MAX_BYTES`: not read further."""
 
 
 class ChatEndpoint(Closing):
@@ -41,7 +53,8 @@ class ChatEndpoint(Closing):
 
     async def post(self, body: Mapping[str, Any], *, retries: int = 0) -> httpx.Response:
         """Send ``body``; a transport error is retried ``retries`` times (after 0.5 s,
-        doubling up to 5 s), then raised. Any HTTP status is returned, not raised."""
+        doubling up to 5 s), then raised. Any HTTP status is returned, not raised. A reply
+        over :data:`REPLY_MAX_BYTES` is never read whole: an ``httpx.DecodingError``."""
         headers = {}
         key = os.environ.get(self.api_key_env)
         if key:
@@ -52,14 +65,37 @@ class ChatEndpoint(Closing):
         while True:
             self.requests += 1
             try:
-                return await self._client.post(
-                    self.url, json=body, headers=headers, timeout=self.request_timeout
-                )
+                return await self._capped(body, headers)
             except httpx.TransportError:
                 if attempt == retries:
                     raise
             await anyio.sleep(min(0.5 * 2**attempt, 5))
             attempt += 1
+
+    async def _capped(self, body: Mapping[str, Any], headers: dict[str, str]) -> httpx.Response:
+        """The reply to ``body``, read up to :data:`REPLY_MAX_BYTES` (decoded)."""
+        assert self._client is not None
+        async with self._client.stream(
+            "POST", self.url, json=body, headers=headers, timeout=self.request_timeout
+        ) as reply:
+            too_large = _ReplyTooLarge(
+                f"larger than {size_text(REPLY_MAX_BYTES)} (the cap for a chat endpoint's reply)",
+                request=reply.request,
+            )
+            declared = reply.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > REPLY_MAX_BYTES:
+                raise too_large  # said before a byte of it is read
+            data = bytearray()
+            chunks = cast(AsyncGenerator[bytes, None], reply.aiter_bytes())
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:  # decoded: a compressed reply is capped as it grows
+                    data += chunk
+                    if len(data) > REPLY_MAX_BYTES:
+                        raise too_large
+        kept = [(k, v) for k, v in reply.headers.multi_items() if k.lower() not in _DECODED]
+        return httpx.Response(
+            reply.status_code, headers=kept, content=bytes(data), request=reply.request
+        )
 
     async def aclose(self) -> None:
         """Close the client if it is this endpoint's own; safe to call twice."""

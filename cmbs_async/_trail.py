@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 
@@ -21,6 +21,7 @@ from .protocol import Containment, Observation
 from .records import (
     decision_record,
     end_record,
+    evidence_record,
     observation_record,
     session_data,
     step_record,
@@ -53,6 +54,9 @@ class Trail(Protocol):
     async def decision(self, decision: Decision) -> None: ...
 
     async def observation(self, number: int, observation: Observation) -> None: ...
+
+    async def evidence(self, number: int, chain: dict[str, Any]) -> None:
+        """An evaluation's provenance chain, as the gate judged it."""
 
     async def end(self, result: ScenarioResult, *, until: float) -> None:
         """Record how the run ended by ``until`` (shielded), or warn that it was not."""
@@ -93,6 +97,9 @@ class _Unaudited:
     async def observation(self, number: int, observation: Observation) -> None:
         pass
 
+    async def evidence(self, number: int, chain: dict[str, Any]) -> None:
+        pass
+
     async def end(self, result: ScenarioResult, *, until: float) -> None:
         pass
 
@@ -120,6 +127,9 @@ class _Audited:
 
     async def observation(self, number: int, observation: Observation) -> None:
         await self._writer.write(observation_record(number, observation))
+
+    async def evidence(self, number: int, chain: dict[str, Any]) -> None:
+        await self._writer.write(evidence_record(number, chain))
 
     async def end(self, result: ScenarioResult, *, until: float) -> None:
         reason = "not durable in time: the audit database is locked or slow"

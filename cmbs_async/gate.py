@@ -17,13 +17,16 @@ object, replaceable for baselines and experiments; the bookkeeping is the gate's
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias, cast
 
 from pydantic import ValidationError
 
+from ._bounds import oversized_reason
 from ._errors import CmbsError, validation_reason
+from .evaluators import Evaluation
 from .masks import Masks
 from .profile import ActionSpec, Profile
 from .protocol import (
@@ -34,6 +37,7 @@ from .protocol import (
     Belief,
     CommandPayload,
     EmptyPayload,
+    EvaluationPayload,
     MasksView,
     Observation,
     Posture,
@@ -45,7 +49,9 @@ from .protocol import (
 __all__ = ["Decision", "Gate", "Messages", "ObservationOwed", "Payload", "Rules"]
 
 #: A step's payload, as the gate parsed it under its action's kind.
-Payload: TypeAlias = ArtifactPayload | CommandPayload | PosturePayload | EmptyPayload
+Payload: TypeAlias = (
+    ArtifactPayload | CommandPayload | EvaluationPayload | PosturePayload | EmptyPayload
+)
 
 
 class ObservationOwed(CmbsError, RuntimeError):
@@ -69,7 +75,15 @@ class Messages:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Decision:
-    """The gate's verdict on one step, with what it parsed."""
+    """The gate's verdict on one step, with what it parsed.
+
+    ``evaluation`` is set when what must run is an evaluation (an action of kind
+    ``run_evaluation``, or a command that parses exactly into one of its signals'
+    evaluators): run exactly its ``argv``, with no shell, as
+    :meth:`~executors.base.Executor.run_program` does, the program resolved by
+    :meth:`~executors.base.Executor.resolve_program`; only such a run's output may move a
+    posture.
+    """
 
     step_number: int
     verdict: Verdict
@@ -78,6 +92,7 @@ class Decision:
     step: AgentStep | None = None
     spec: ActionSpec | None = None
     payload: Payload | None = None
+    evaluation: Evaluation | None = None
 
     @property
     def action_type(self) -> str | None:
@@ -87,10 +102,11 @@ class Decision:
     def needs_execution(self) -> bool:
         """Allowed, and something must run for it: feed the outcome to ``observe``."""
         return (
-            self.verdict is Verdict.ALLOW
-            and self.spec is not None
-            and self.spec.kind in (ActionKind.WRITE_ARTIFACT, ActionKind.RUN_COMMAND)
+            self.verdict is Verdict.ALLOW and self.spec is not None and self.spec.kind in _EXECUTED
         )
+
+
+_EXECUTED = (ActionKind.WRITE_ARTIFACT, ActionKind.RUN_COMMAND, ActionKind.RUN_EVALUATION)
 
 
 class Rules:
@@ -152,6 +168,8 @@ class Gate:
         self.last_observation: Observation | None = None
         self._awaiting: ActionSpec | None = None
         self._required: str | None = None  # the affordance the awaited action needed
+        self._evaluation: Evaluation | None = None  # what the awaited action must run
+        self._wrote: str | None = None  # the SHA-256 of what the awaited action writes
 
     @property
     def masks_view(self) -> MasksView:
@@ -181,7 +199,7 @@ class Gate:
                 message=Messages.INVALID_FORMAT,
                 detail=parsed,
             )
-        step, spec, payload = parsed
+        step, spec, payload, evaluation = parsed
 
         where = self.rules.inconsistency(self.masks, step.belief)
         if where is not None:
@@ -203,6 +221,12 @@ class Gate:
                 self._awaiting = spec
                 path = payload.path if isinstance(payload, ArtifactPayload) else None
                 self._required = spec.required(path)
+                self._evaluation = evaluation
+                self._wrote = (
+                    hashlib.sha256(payload.content.encode()).hexdigest()
+                    if isinstance(payload, ArtifactPayload)
+                    else None
+                )
         return Decision(
             step_number=number,
             verdict=verdict,
@@ -210,6 +234,7 @@ class Gate:
             step=step,
             spec=spec,
             payload=payload,
+            evaluation=evaluation if verdict is Verdict.ALLOW else None,
         )
 
     def parse(self, raw: str | bytes | Mapping[str, Any] | AgentStep) -> AgentStep | None:
@@ -229,7 +254,15 @@ class Gate:
         """Apply what really happened when the last allowed action ran."""
         if self._awaiting is None:
             raise RuntimeError("no allowed action is awaiting an observation")
-        self.masks.apply(self._awaiting, observation, self.profile, required=self._required)
+        self.masks.apply(
+            self._awaiting,
+            observation,
+            self.profile,
+            required=self._required,
+            evaluation=self._evaluation,
+            wrote=self._wrote,
+            step=self.step_count,
+        )
         self.last_observation = observation
         self._awaiting = None
 
@@ -252,7 +285,10 @@ class Gate:
 
     def _parse(
         self, raw: str | bytes | Mapping[str, Any] | AgentStep
-    ) -> tuple[AgentStep, ActionSpec, Payload] | str:
+    ) -> tuple[AgentStep, ActionSpec, Payload, Evaluation | None] | str:
+        too_large = oversized_reason(raw)  # a step over the cap, kept as its size and hash
+        if too_large is not None:
+            return too_large
         try:
             if isinstance(raw, AgentStep):
                 step = raw
@@ -273,4 +309,24 @@ class Gate:
             payload = cast(Payload, PAYLOAD_MODELS[spec.kind].model_validate(step.action.payload))
         except ValidationError as exc:
             return f"action.payload.{validation_reason(exc)}"
-        return step, spec, payload
+        try:
+            evaluation = self._evaluation_of(step.action.type, spec, payload)
+        except ValueError as exc:
+            return f"action.payload.{exc}"
+        return step, spec, payload, evaluation
+
+    def _evaluation_of(self, name: str, spec: ActionSpec, payload: Payload) -> Evaluation | None:
+        """The evaluation an action is: the one it names, or the first of its signals'
+        evaluators its command parses exactly into."""
+        evaluators = self.profile.evaluators
+        if isinstance(payload, EvaluationPayload) and spec.evaluator is not None:
+            values = dict(payload.model_extra or {})
+            return evaluators[spec.evaluator].build(spec.evaluator, values)
+        if not isinstance(payload, CommandPayload):
+            return None
+        for signal in spec.posture_signals:
+            for evaluator in self.profile.signals[signal].evaluators:
+                fitted = evaluators[evaluator].fit(evaluator, payload.command)
+                if fitted is not None:
+                    return fitted
+        return None

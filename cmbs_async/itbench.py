@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import itertools
 import json
 import os
 import re
@@ -33,6 +34,7 @@ from executors import Executor
 from executors.observation import CommandEnv, Network, Observation
 
 from ._errors import CmbsError, one_line, validation_reason
+from ._reading import ReadError, loads_json, read_json, read_text
 from .scenario import ScenarioSpec
 from .targets import destinations_from_inventory, destinations_from_kubeconfig
 from .tools import tools_dir
@@ -41,10 +43,12 @@ __all__ = [
     "APPENDIX",
     "DEADLINE_S",
     "Evaluation",
+    "Flip",
     "ItbenchError",
     "Kind",
     "ScenarioData",
     "agent_file",
+    "check_strict",
     "collected_kind",
     "evaluate",
     "guess_kind",
@@ -53,11 +57,15 @@ __all__ = [
     "prepare_workdir",
     "replace_file",
     "targets",
+    "workdir_goal",
     "write_tar",
 ]
 
 #: IT-Bench's budget for an agent (its harness runs the agent under ``timeout 200``).
 DEADLINE_S = 200.0
+
+#: The largest scenario data object, inventory or kubeconfig read from the operator.
+DATA_MAX_BYTES = 8 * 1024 * 1024
 
 #: What the supervisor adds to IT-Bench's goal, clearly apart from it: the gate's protocol.
 APPENDIX = (
@@ -110,14 +118,10 @@ class ScenarioData(BaseModel):
 
 def load_scenario_data(path: str | Path) -> ScenarioData:
     """Read a scenario data object; every problem is one :class:`ItbenchError` line."""
-    try:
-        data = json.loads(Path(path).read_bytes())
-    except OSError as exc:
-        raise ItbenchError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        raise ItbenchError(f"{path}: not a JSON object: {one_line(str(exc))}") from exc
-    except RecursionError:
-        raise ItbenchError(f"{path}: nested too deeply to be scenario data") from None
+    try:  # capped in size and nesting: /dev/zero is one line, not the host's memory
+        data = read_json(path, what="IT-Bench scenario data", max_bytes=DATA_MAX_BYTES)
+    except ReadError as exc:
+        raise ItbenchError(str(exc)) from None
     try:
         return ScenarioData.model_validate(data)
     except ValidationError as exc:
@@ -147,19 +151,9 @@ def prepare_workdir(
     """Lay out ``workdir`` as IT-Bench's harness does and return the goal it would hand
     the agent. ``workdir`` must be new or empty: nothing there is overwritten. ``owner``
     (uid, gid) is given the directory and its files: who the agent's commands run as."""
-    missing = [name for name in kind.needs if not data.vars.get(name)]
-    if missing:
-        raise ItbenchError(f"a {kind.value} scenario needs vars.{missing[0]} in the scenario data")
+    goal = workdir_goal(data, workdir, kind=kind)
     root = Path(workdir).absolute()
     inventory, kubeconfig = root / "ansible.ini", root / "kubeconfig.yaml"
-    filled = {"kubeconfig": str(kubeconfig), "path_to_inventory": str(inventory)}
-    goal = _PLACEHOLDER.sub(
-        lambda m: filled.get(m.group(1), m.group(0)), data.goal_template.rstrip("\n")
-    )
-    left = _PLACEHOLDER.search(goal)
-    if left is not None:
-        raise ItbenchError(f"the goal names {left.group(0)}, which IT-Bench's harness never fills")
-    goal += f"\nYou can use `{root}` as your workdir.\n"
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise ItbenchError(f"{root} exists and is not an empty directory: name a new one")
     # the top-most directory this makes, if any: all under it is ours
@@ -178,6 +172,31 @@ def prepare_workdir(
                 child.unlink(missing_ok=True)
         raise ItbenchError(f"cannot prepare {root}: {exc.strerror or exc}") from exc
     return goal
+
+
+def workdir_goal(data: ScenarioData, workdir: str | Path, *, kind: Kind) -> str:
+    """The goal IT-Bench's harness hands the agent in ``workdir``, made nowhere yet:
+    :class:`ItbenchError` (one line) for scenario data that lacks what ``kind`` needs,
+    a placeholder the harness never fills, or a workdir whose name would read as one."""
+    missing = [name for name in kind.needs if not data.vars.get(name)]
+    if missing:
+        raise ItbenchError(f"a {kind.value} scenario needs vars.{missing[0]} in the scenario data")
+    root = Path(workdir).absolute()
+    mark = next((m for m in ("{{", "{%", "{#") if m in str(root)), None)
+    if mark is not None:  # the goal, env and inventory would hold a template's placeholder
+        raise ItbenchError(
+            f"workdir {str(workdir)!r}: {mark!r} in its path would read as a template "
+            "placeholder: name another"
+        )
+    inventory, kubeconfig = root / "ansible.ini", root / "kubeconfig.yaml"
+    filled = {"kubeconfig": str(kubeconfig), "path_to_inventory": str(inventory)}
+    goal = _PLACEHOLDER.sub(
+        lambda m: filled.get(m.group(1), m.group(0)), data.goal_template.rstrip("\n")
+    )
+    left = _PLACEHOLDER.search(goal)
+    if left is not None:
+        raise ItbenchError(f"the goal names {left.group(0)}, which IT-Bench's harness never fills")
+    return goal + f"\nYou can use `{root}` as your workdir.\n"
 
 
 def _lay_out(root: Path, data: ScenarioData, inventory: Path, kubeconfig: Path, goal: str) -> None:
@@ -211,17 +230,20 @@ def itbench_scenario(
     env = {"ANSIBLE_HOST_KEY_CHECKING": "False"}
     if (root / "kubeconfig.yaml").exists():
         env["KUBECONFIG"] = str(root / "kubeconfig.yaml")
-    return ScenarioSpec(
-        id=f"itbench-{kind.value}",
-        goal=goal + APPENDIX,
-        workdir=str(root),
-        deadline_s=deadline_s,
-        profile="ciso",
-        env=env,
-        network=targets(load_scenario_data(root / "scenario_data.json"))
-        if network is None
-        else network,
-    )
+    if network is None:
+        network = targets(load_scenario_data(root / "scenario_data.json"))
+    try:
+        return ScenarioSpec(
+            id=f"itbench-{kind.value}",
+            goal=goal + APPENDIX,
+            workdir=str(root),
+            deadline_s=deadline_s,
+            profile="ciso",
+            env=env,
+            network=network,
+        )
+    except ValidationError as exc:  # one line, as every refusal here
+        raise ItbenchError(f"the scenario for {root}: {validation_reason(exc)}") from None
 
 
 def targets(data: ScenarioData) -> tuple[str, ...]:
@@ -270,6 +292,75 @@ _COLLECTORS = {
 }
 
 
+#: What IT-Bench's evaluator runs on the collected input (``{opa}``: the program).
+_EVALUATE = (
+    "{opa} eval --data policy.rego --input collected_data.json data.check.result --format raw"
+)
+#: The file a kind's target is copied to, beside the collector.
+_OWN = {Kind.RHEL9_ANSIBLE_OPA: "inventory.ini", Kind.KUBECTL_OPA: "kubeconfig.yaml"}
+#: A verdict's opposite: what the policy must print where the checked setting is reversed.
+_OPPOSITE = {"false": "true", "true": "false"}
+
+
+@dataclass(frozen=True, slots=True)
+class Flip:
+    """One change of ``--flip POINTER=VALUE``: in the opposite state, the collected input
+    holds ``value`` (JSON, else the text as a string) at ``pointer`` (a JSON Pointer, RFC
+    6901, where a ``*`` segment stands for every member of an object or array). The
+    operator's knowledge of the check: which setting it reads, and its other value."""
+
+    pointer: str
+    value: Any
+
+    @classmethod
+    def parse(cls, text: str) -> Flip:
+        """``/x11_forwarding=no`` (split at the first ``=``); :class:`ItbenchError` (one
+        line) if it is not of that form."""
+        pointer, equals, value = text.partition("=")
+        if not equals or not pointer.startswith("/"):
+            raise ItbenchError(
+                f"--flip {text!r}: give POINTER=VALUE, POINTER a JSON Pointer "
+                "(/x11_forwarding=no, say)"
+            )
+        try:
+            parsed: Any = json.loads(value)
+        except ValueError:  # not JSON: the text itself (no, disabled, ...)
+            parsed = value
+        except RecursionError:
+            raise ItbenchError(f"--flip {pointer}: the value is nested too deeply") from None
+        return cls(pointer, parsed)
+
+
+def check_strict(
+    kind: Kind,
+    *,
+    strict: bool,
+    fixed_inventory: str | None = None,
+    fixed_kubeconfig: str | None = None,
+    flips: tuple[Flip, ...] = (),
+) -> str | None:
+    """The opposite-state options of ``evaluate``, checked: the fixed target's file (if
+    one is given), or :class:`ItbenchError` (one line) if they do not go together."""
+    named = [
+        option
+        for option, given in (
+            ("--fixed-inventory", fixed_inventory),
+            ("--fixed-kubeconfig", fixed_kubeconfig),
+            ("--flip", flips),
+        )
+        if given
+    ]
+    if named and not strict:
+        raise ItbenchError(f"{named[0]} is for --strict scoring: give --strict too")
+    if len(named) > 1:
+        raise ItbenchError(f"give {named[0]} or {named[1]}, not both: one opposite state")
+    wrong = fixed_kubeconfig if kind is Kind.RHEL9_ANSIBLE_OPA else fixed_inventory
+    if wrong is not None:
+        right = "--fixed-inventory" if kind is Kind.RHEL9_ANSIBLE_OPA else "--fixed-kubeconfig"
+        raise ItbenchError(f"a {kind.value} workdir's fixed target is given as {right} FILE")
+    return fixed_inventory or fixed_kubeconfig
+
+
 async def evaluate(
     workdir: str | Path,
     *,
@@ -280,59 +371,344 @@ async def evaluate(
     expect: str = "false",
     opa: str | None = None,
     command_timeout_s: float = 300.0,
+    strict: bool = False,
+    fixed_inventory: str | None = None,
+    fixed_kubeconfig: str | None = None,
+    flips: tuple[Flip, ...] = (),
 ) -> Evaluation:
     """IT-Bench's pass criterion for an Ansible/kubectl + OPA workdir: the agent's
     collector and ``policy.rego`` copied into a fresh directory, the collector run
     against the evaluator's own target (``inventory`` or ``kubeconfig``), then ``opa eval
     --data policy.rego --input collected_data.json data.check.result --format raw``;
-    passed iff it prints exactly ``expect`` (``false``: the fault IT-Bench injected)."""
+    passed iff it prints exactly ``expect`` (``false``: the fault IT-Bench injected).
+
+    ``strict`` also asks for the opposite verdict on the opposite state, so that a policy
+    that prints ``expect`` whatever it is given cannot pass: the same collector and policy
+    against a target known to be fixed (``fixed_inventory``/``fixed_kubeconfig``), else
+    the policy on the collected input (read here: the executor's workdirs are on this
+    machine) with ``flips`` applied, else with one setting turned to its opposite
+    (:func:`_mutations`). The details record both verdicts (``verdicts``) and how the
+    opposite state was made (``strict``)."""
     if kind not in _COLLECTORS:
         raise ItbenchError(f"{kind.value} is scored against a live cluster with Kyverno")
     target = inventory if kind is Kind.RHEL9_ANSIBLE_OPA else kubeconfig
     if target is None:
         option = "--inventory" if kind is Kind.RHEL9_ANSIBLE_OPA else "--kubeconfig"
         raise ItbenchError(f"evaluating {kind.value} needs the evaluator's {option} FILE")
+    fixed = check_strict(
+        kind,
+        strict=strict,
+        fixed_inventory=fixed_inventory,
+        fixed_kubeconfig=fixed_kubeconfig,
+        flips=flips,
+    )
     details: dict[str, Any] = {"kind": kind.value, "expected": expect}
     found = await anyio.to_thread.run_sync(_scored_files, Path(workdir), kind, Path(target))
+    fixed_text = None if fixed is None else await anyio.to_thread.run_sync(_read, Path(fixed))
+    if fixed_text is not None:  # a target that cannot be read or reached: before anything runs
+        _network(kind, fixed_text, "fixed")
     if isinstance(found, str):
         return Evaluation(False, details | {"reason": found})
     files, collector = found
+    run = partial(
+        _collect_and_evaluate, executor, kind, collector, opa or _opa(), command_timeout_s
+    )
+    real = await run(files, keep_input=strict and fixed_text is None)
+    details |= real.details
+    passed = real.printed == expect
+    if not strict:
+        return Evaluation(
+            passed, details | {"reason": f"{_shown(real.printed)}; expected {expect!r}"}
+        )
+    opposite = _OPPOSITE[expect]
+    if fixed_text is not None:
+        other = await run(files | {_OWN[kind]: fixed_text}, keep_input=False)
+        check: dict[str, Any] = {"against": "the fixed target", **other.details}
+        printed, problem = other.printed, None
+    else:
+        check, printed, problem = await _opposite_input(
+            executor,
+            files["policy.rego"],
+            real.collected,
+            flips,
+            expect=expect,
+            opa=opa or _opa(),
+            command_timeout_s=command_timeout_s,
+        )
+    details["verdicts"] = {"target": real.printed, "opposite": printed}
+    details["strict"] = {"expected": opposite, **check}
+    reason = (
+        f"{_shown(real.printed)} on the target, {_shown(printed)} on {check['against']}; "
+        f"expected {expect!r} and {opposite!r}"
+    )
+    if problem is not None:
+        reason = f"{_shown(real.printed)} on the target; {problem}"
+    passed = passed and problem is None and printed == opposite
+    return Evaluation(passed, details | {"reason": reason})
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    """One run of the agent's collector and policy: what they said, what the policy
+    printed (``None`` if the evaluation failed), the collected input where kept."""
+
+    details: dict[str, Any]
+    printed: str | None
+    collected: str | None = None
+
+
+async def _collect_and_evaluate(
+    executor: Executor,
+    kind: Kind,
+    collector: str,
+    opa: str,
+    command_timeout_s: float,
+    files: dict[str, str],
+    *,
+    keep_input: bool,
+) -> _Verdict:
+    """The collector run against the target in ``files`` (and nothing else), then the
+    policy on what it collected, in a fresh copy removed afterwards."""
+    own = files[_OWN[kind]]
     env: dict[str, str] = {}
     readable: tuple[str, ...] = ()
     if kind is Kind.RHEL9_ANSIBLE_OPA:
-        readable = _key_files(files["inventory.ini"])
+        readable = _key_files(own)
         env["ANSIBLE_HOST_KEY_CHECKING"] = "False"
         collect = f"ansible-playbook -i inventory.ini {collector}"
     else:
         collect = f"sh {collector}"
-    try:  # the agent's collector reaches the evaluator's target and nothing else
-        network = (
-            destinations_from_inventory(files["inventory.ini"])
-            if kind is Kind.RHEL9_ANSIBLE_OPA
-            else destinations_from_kubeconfig(files["kubeconfig.yaml"])
-        )
-    except ValueError as exc:
-        raise ItbenchError(f"the evaluator's target: {one_line(str(exc))}") from None
-    command_env = CommandEnv(values=env, readable=readable, network=network)
+    # the agent's collector reaches the evaluator's target and nothing else
+    command_env = CommandEnv(values=env, readable=readable, network=_network(kind, own))
     fresh = await executor.prepare(None, files, env=command_env)
+    collected: str | None = None
     try:
         if kind is Kind.KUBECTL_OPA:
             env["KUBECONFIG"] = f"{fresh}/kubeconfig.yaml"
             command_env = command_env.model_copy(update={"values": env})
         run = partial(executor.run_command, fresh, timeout=command_timeout_s, env=command_env)
-        details["collector"] = _said(await run(collect))
-        evaluation = await run(
-            f"{opa or _opa()} eval --data policy.rego --input collected_data.json "
-            "data.check.result --format raw"
-        )
-        details["evaluation"] = _said(evaluation)
+        said = {"collector": _said(await run(collect))}
+        evaluation = await run(_EVALUATE.format(opa=opa))
+        said["evaluation"] = _said(evaluation)
+        if keep_input:
+            collected = await anyio.to_thread.run_sync(
+                agent_file, Path(fresh, "collected_data.json")
+            )
     finally:
         with anyio.CancelScope(shield=True):  # cancelled or not, the copy goes
             await executor.cleanup(fresh)
-    printed = evaluation.stdout.text.strip()
-    passed = evaluation.success and printed == expect
-    reason = f"printed {printed[:80]!r}" if evaluation.success else "the evaluation failed"
-    return Evaluation(passed, details | {"reason": f"{reason}; expected {expect!r}"})
+    printed = evaluation.stdout.text.strip() if evaluation.success else None
+    return _Verdict(said, printed, collected)
+
+
+def _network(kind: Kind, target: str, whose: str = "evaluator's") -> tuple[str, ...]:
+    """The destinations a target file names, or :class:`ItbenchError` (one line)."""
+    try:
+        if kind is Kind.RHEL9_ANSIBLE_OPA:
+            return destinations_from_inventory(target)
+        return destinations_from_kubeconfig(target)
+    except ValueError as exc:
+        raise ItbenchError(f"the {whose} target: {one_line(str(exc))}") from None
+
+
+def _shown(printed: str | None) -> str:
+    return "the evaluation failed" if printed is None else f"printed {printed[:80]!r}"
+
+
+#: The most changed inputs the mutated opposite tries (one ``opa eval`` each).
+_MUTATIONS_TRIED = 64
+
+
+async def _opposite_input(
+    executor: Executor,
+    policy: str,
+    collected: str | None,
+    flips: tuple[Flip, ...],
+    *,
+    expect: str,
+    opa: str,
+    command_timeout_s: float,
+) -> tuple[dict[str, Any], str | None, str | None]:
+    """The policy on the collected input changed to the opposite state (``flips``, else
+    each of :func:`_mutations` until one turns the verdict), in a fresh directory with no
+    network; first on the input unchanged, which must print ``expect`` again (the input
+    is what the collector left, read once). Returns what it did, the opposite verdict,
+    and why there is none (or ``None``)."""
+    against = "the collected input with " + ("--flip applied" if flips else "a setting reversed")
+    check: dict[str, Any] = {"against": against}
+    if collected is None:
+        return check, None, "the collector left no regular collected_data.json of at most 4 MiB"
+    try:  # nested at most 64 deep: what changes it never recurses too deeply
+        document = loads_json(collected, origin="collected_data.json")
+    except ReadError:
+        return check, None, "the collected input is not JSON that can be changed"
+    if flips:
+        changed = _flipped(document, flips)
+        if isinstance(changed, str):
+            return check, None, changed
+        candidates: Iterator[tuple[_Changes, str]] = iter([changed])
+    else:
+        candidates = _mutations(document)
+        first = next(candidates, None)
+        if first is None:
+            return (
+                check,
+                None,
+                (
+                    "no setting of the collected input has an opposite cmbs knows: "
+                    "give --flip POINTER=VALUE or a fixed target"
+                ),
+            )
+        candidates = itertools.chain([first], candidates)
+    files = {"policy.rego": policy, "collected_data.json": collected}
+    fresh = await executor.prepare(None, files, env=CommandEnv(network="none"))
+    try:
+        run = partial(
+            executor.run_command, fresh, _EVALUATE.format(opa=opa), timeout=command_timeout_s
+        )
+        baseline = await run()
+        check["unchanged"] = _said(baseline)
+        if not baseline.success or baseline.stdout.text.strip() != expect:
+            again = _shown(baseline.stdout.text.strip() if baseline.success else None)
+            return check, None, f"the collected input, evaluated again, {again}"
+        printed: str | None = None
+        # one changed input at a time: at most 4 MiB held
+        for tried, (changes, text) in enumerate(candidates, 1):
+            written = await executor.write_artifact(fresh, "collected_data.json", text)
+            if not written.success:
+                return check, None, f"cannot write the changed input: {written.error}"
+            evaluation = await run()
+            printed = evaluation.stdout.text.strip() if evaluation.success else None
+            check |= {
+                "changed": changes[:_CHANGES_KEPT],
+                "places": len(changes),
+                "evaluation": _said(evaluation),
+                "tried": tried,
+            }
+            if printed == _OPPOSITE[expect]:
+                break
+    finally:
+        with anyio.CancelScope(shield=True):
+            await executor.cleanup(fresh)
+    return check, printed, None
+
+
+_Changes = list[dict[str, Any]]
+#: The most changed places ``evaluation.json`` lists of one change (``places``: all).
+_CHANGES_KEPT = 50
+
+
+def _flipped(document: Any, flips: tuple[Flip, ...]) -> tuple[_Changes, str] | str:
+    """``document`` with every ``flips`` applied (as JSON text) and what changed, or why
+    it cannot be: a pointer that names nothing there, or no value that changes."""
+    changes: _Changes = []
+    for flip in flips:
+        places = _places(document, flip.pointer)
+        if not places:
+            return f"the collected input has nothing at {flip.pointer}"
+        for where, parent, key in places:
+            if parent[key] != flip.value:
+                changes.append({"path": where, "from": parent[key], "to": flip.value})
+                parent[key] = flip.value
+    if not changes:
+        return "--flip changes nothing: the collected input holds those values already"
+    return changes, json.dumps(document)
+
+
+def _places(document: Any, pointer: str) -> list[tuple[str, Any, Any]]:
+    """Where a JSON Pointer (``*``: every member) points in ``document``: each place as
+    (its pointer, its container, its key or index)."""
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]]
+    found: list[tuple[str, Any, Any]] = []
+    level: list[tuple[str, Any]] = [("", document)]
+    for depth, part in enumerate(parts):
+        following: list[tuple[str, Any]] = []
+        for where, node in level:
+            keys: list[Any]
+            if isinstance(node, dict):
+                keys = list(node) if part == "*" else [part] if part in node else []
+            elif isinstance(node, list):
+                index = int(part) if part.isdigit() and int(part) < len(node) else None
+                keys = list(range(len(node))) if part == "*" else [] if index is None else [index]
+            else:
+                keys = []
+            for key in keys:
+                place = f"{where}/{str(key).replace('~', '~0').replace('/', '~1')}"
+                if depth == len(parts) - 1:
+                    found.append((place, node, key))
+                else:
+                    following.append((place, node[key]))
+        level = following
+    return found
+
+
+#: Opposite values of a setting, in the words configurations use (no check's knowledge).
+_WORDS = {
+    "yes": "no",
+    "true": "false",
+    "on": "off",
+    "enabled": "disabled",
+    "enable": "disable",
+    "allow": "deny",
+    "allowed": "denied",
+    "1": "0",
+}
+_WORDS |= {b: a for a, b in _WORDS.items()}
+
+
+def _reversed(value: Any) -> Any:
+    """The opposite of a setting's value (a boolean, 0 or 1, a word of :data:`_WORDS`
+    in the same case), or ``_NONE`` where there is none."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int) and value in (0, 1):
+        return 1 - value
+    if isinstance(value, str) and value.lower() in _WORDS:
+        word = _WORDS[value.lower()]
+        return (
+            word.upper() if value.isupper() else word.capitalize() if value[:1].isupper() else word
+        )
+    return _NONE
+
+
+_NONE = object()
+
+
+def _mutations(document: Any) -> Iterator[tuple[_Changes, str]]:
+    """The collected input with one setting reversed, for each setting that has an
+    opposite (:func:`_reversed`): a setting is a key and its value, reversed wherever that
+    key holds that value (every pod's ``hostNetwork: true`` at once), in the order first
+    found; at most :data:`_MUTATIONS_TRIED`."""
+    groups: dict[tuple[str, str], list[tuple[str, Any, Any]]] = {}
+    root: dict[str, Any] = {"": document}  # a container for the document itself
+    stack: list[tuple[str, str, Any, Any]] = [("", "", root, "")]
+    while stack:  # depth first, in document order, without recursion
+        where, name, parent, key = stack.pop()
+        node = parent[key]
+        members: list[tuple[str, str, Any, Any]]
+        if isinstance(node, dict):
+            members = [(f"{where}/{_escaped(k)}", k, node, k) for k in node]
+        elif isinstance(node, list):
+            members = [(f"{where}/{i}", name, node, i) for i in range(len(node))]
+        else:
+            if _reversed(node) is not _NONE:
+                groups.setdefault((name, json.dumps(node)), []).append((where, parent, key))
+            continue
+        stack.extend(reversed(members))
+    for (_, value), places in list(groups.items())[:_MUTATIONS_TRIED]:
+        old = json.loads(value)
+        new = _reversed(old)
+        for _, parent, key in places:
+            parent[key] = new
+        changes = [{"path": where, "from": old, "to": new} for where, _, _ in places]
+        text = json.dumps(root[""])
+        for _, parent, key in places:
+            parent[key] = old
+        yield changes, text
+
+
+def _escaped(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def collected_kind(root: Path) -> Kind | None:
@@ -431,12 +807,11 @@ def _replacing(target: Path) -> Iterator[tuple[BinaryIO, str]]:
 
 
 def _read(path: Path) -> str:
+    """An operator's file (an inventory, a kubeconfig), capped as scenario data is."""
     try:
-        return path.read_text("utf-8")
-    except OSError as exc:
-        raise ItbenchError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError:
-        raise ItbenchError(f"{path}: not UTF-8 text") from None
+        return read_text(path, what="an inventory or kubeconfig", max_bytes=DATA_MAX_BYTES)
+    except ReadError as exc:
+        raise ItbenchError(str(exc)) from None
 
 
 def _write(path: Path, text: str, mode: int) -> None:

@@ -16,8 +16,11 @@ the process's own, relayed to the real stdin and stdout without ever blocking.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import json
 import os
+import re
 import stat
 from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
@@ -28,6 +31,7 @@ import anyio
 import anyio.lowlevel
 from anyio.abc import TaskStatus
 
+from ._reading import size_text
 from .adapters import action_tools, answer
 from .protocol import Verdict
 from .session import Session, StepReply
@@ -43,6 +47,11 @@ _AFTER_END = 1.0
 _CHUNK = 65536
 #: how far the server's output may run ahead of a client slow to read it, while it serves
 _BACKLOG = 1 << 20
+#: the longest message (one JSON-RPC line) the client may send: a longer one never
+#: reaches the server, and the client is answered with an error for its id. (A step
+#: within it is bounded again, as every agent's step is: see :mod:`._bounds`.)
+MESSAGE_MAX_BYTES = 16 << 20
+_ID = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)')
 
 
 def build_server(session: Session) -> MCPServer:
@@ -105,6 +114,10 @@ class _Relay:
         self._pending = bytearray()  # read from the server, not yet taken by the client
         self._flushing = anyio.CancelScope()  # given a deadline once the server has stopped
         self._waiting = anyio.CancelScope()
+        self._line = bytearray()  # the client's message being read, not yet passed on
+        self._skipping = False  # the rest of a message over the cap: dropped
+        self._refusals: list[bytes] = []  # answers of the relay's own, owed to the client
+        self._at_boundary = True  # what the server wrote so far ends with a whole message
 
     def __enter__(self) -> _Relay:
         with ExitStack() as stack:
@@ -146,17 +159,61 @@ class _Relay:
         output is read whatever the client does: the server is stopping."""
         try:
             while data := await self._read_client():
-                view = memoryview(data)
-                while view:
-                    try:
-                        view = view[os.write(self._to_server, view) :]
-                    except BlockingIOError:
-                        await anyio.wait_writable(self._to_server)
+                await self._pass_on(self._screen(data))
+            if not self._skipping:  # a last message with no newline
+                await self._pass_on(bytes(self._line))
         finally:
             self._end_input()
             self._stopping = True
             self._waiting.cancel()
         self.left.set()
+
+    async def _pass_on(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self._to_server, view) :]
+            except BlockingIOError:
+                await anyio.wait_writable(self._to_server)
+
+    def _screen(self, data: bytes) -> bytes:
+        """The whole messages ``data`` completes, to pass on to the server. A message
+        over :data:`MESSAGE_MAX_BYTES` is dropped as it comes (never held whole) and its
+        sender answered with an error, as the server answers a request it refuses."""
+        out = bytearray()
+        start = 0
+        while start < len(data):
+            end = data.find(b"\n", start)
+            stop = len(data) if end < 0 else end + 1
+            if self._skipping:
+                self._skipping = end < 0
+            else:
+                self._line += data[start:stop]
+                if len(self._line) > MESSAGE_MAX_BYTES + 1:
+                    self._refuse(bytes(self._line[:65536]))
+                    self._skipping = end < 0
+                    self._line.clear()
+                elif end >= 0:
+                    out += self._line
+                    self._line.clear()
+            start = stop
+        return bytes(out)
+
+    def _refuse(self, head: bytes) -> None:
+        """Answer the message ``head`` begins, if it names its id (a notification is
+        answered by no one)."""
+        found = _ID.search(head)
+        if found is None:
+            return
+        with contextlib.suppress(ValueError):
+            said = (
+                f"request larger than {size_text(MESSAGE_MAX_BYTES)} (the cap for one MCP "
+                "message): refused, nothing was run or recorded"
+            )
+            error = {"code": -32600, "message": said}
+            reply = {"jsonrpc": "2.0", "id": json.loads(found.group(1)), "error": error}
+            self._refusals.append(json.dumps(reply).encode() + b"\n")
+            self._waiting.cancel()
 
     def _end_input(self) -> None:
         if self._to_server >= 0:
@@ -204,11 +261,16 @@ class _Relay:
             try:
                 data = os.read(self._from_server, _CHUNK)
             except BlockingIOError:
-                return
+                break
             if not data:  # cannot be while fd 1 is this pipe's, but never spin on it
-                return
+                break
+            self._at_boundary = data.endswith(b"\n")
             if not self.stdout_closed:
                 self._pending += data
+        if self._refusals and self._at_boundary:  # between the server's messages, never in one
+            if not self.stdout_closed:
+                self._pending += b"".join(self._refusals)
+            self._refusals.clear()
 
     def _deliver(self) -> None:
         """Write what stdout takes now; a stdout that fails means the client left."""

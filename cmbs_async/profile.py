@@ -8,9 +8,7 @@ The gate reads a profile; it never contains domain knowledge of its own.
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Collection
 from functools import cache
 from importlib import resources
 from pathlib import Path, PurePosixPath
@@ -19,9 +17,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ._errors import CmbsError, one_line, validation_reason
+from ._errors import CmbsError, validation_reason
+from ._reading import ReadError, read_json, read_yaml
+from .evaluators import Evaluator
 from .protocol import PAYLOAD_MODELS, ActionKind, AgentStep, EvidenceState, Observation
-from .provenance import evaluator_refusal
 
 __all__ = [
     "ActionSpec",
@@ -46,10 +45,12 @@ class ActionSpec(_Model):
 
     ``requires`` names the affordance the action needs; ``requires_for`` overrides it by
     the suffix of the file an artifact action writes (``{".rego": "opa_eval"}``: a Rego
-    policy needs no Kubernetes; ``null``: nothing).
+    policy needs no Kubernetes; ``null``: nothing). An action of kind ``run_evaluation``
+    names the ``evaluator`` it runs; its payload holds the evaluator's placeholders.
     """
 
     kind: ActionKind
+    evaluator: str | None = None
     requires: str | None = None
     requires_for: dict[str, str | None] = Field(default_factory=dict)
     evidence_on_success: EvidenceState | None = None
@@ -72,25 +73,15 @@ class PostureSignal(_Model):
     matching ``no_violation`` makes ``non_compliant`` inadmissible. No match: nothing
     changes (absence of evidence eliminates nothing).
 
-    ``programs`` names the evaluators whose output may carry the signal: then only such a
-    program, run as a plain command (its first word, no shell composition) over no input
-    file the agent wrote (the values of ``input_options``), moves a posture. Empty: any
-    command's output may.
+    ``evaluators`` names the profile's evaluators whose output may carry the signal: then
+    only such an evaluation, run as its argument vector over no input the agent wrote,
+    moves a posture (see :mod:`cmbs_async.evaluators`). Empty: any command's output may.
     """
 
     stream: Literal["stdout", "stderr", "both"] = "stdout"
     violation: tuple[re.Pattern[str], ...] = ()
     no_violation: tuple[re.Pattern[str], ...] = ()
-    programs: tuple[str, ...] = ()
-    input_options: tuple[str, ...] = ()
-
-    @field_validator("programs")
-    @classmethod
-    def _bare_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for name in value:
-            if not name or "/" in name or name != name.strip():
-                raise ValueError(f"an evaluator is a bare program name, not {name!r}")
-        return value
+    evaluators: tuple[str, ...] = ()
 
     @field_validator("violation", "no_violation", mode="before")
     @classmethod
@@ -101,15 +92,6 @@ class PostureSignal(_Model):
             return tuple(re.compile(p, re.MULTILINE) if isinstance(p, str) else p for p in value)
         except re.error as exc:
             raise ValueError(f"invalid pattern: {exc}") from exc
-
-    def refusal(self, observation: Observation, written: Collection[str]) -> str | None:
-        """Why ``observation`` may not carry this signal, or ``None`` (see the class)."""
-        return evaluator_refusal(
-            observation.command,
-            programs=self.programs,
-            input_options=self.input_options,
-            written=written,
-        )
 
     def eliminates(self, observation: Observation) -> Literal["compliant", "non_compliant"] | None:
         """The posture this observation's output rules out, if any."""
@@ -135,6 +117,8 @@ class Profile(_Model):
     stability_window: int = Field(default=2, ge=1)
     actions: dict[str, ActionSpec]
     signals: dict[str, PostureSignal] = Field(default_factory=dict)
+    #: the commands whose output may carry a posture, as argument templates
+    evaluators: dict[str, Evaluator] = Field(default_factory=dict)
     #: the programs that provide each affordance: one observed missing (exit 127) closes
     #: the affordance only once every program that provides it was observed missing
     providers: dict[str, tuple[str, ...]] = Field(default_factory=dict)
@@ -152,6 +136,14 @@ class Profile(_Model):
             for signal in spec.posture_signals:
                 if signal not in self.signals:
                     raise ValueError(f"action {name} names unknown signal {signal}")
+            if (spec.kind is ActionKind.RUN_EVALUATION) != (spec.evaluator is not None):
+                raise ValueError(f"action {name}: an evaluator for run_evaluation actions only")
+            if spec.evaluator is not None and spec.evaluator not in self.evaluators:
+                raise ValueError(f"action {name} names unknown evaluator {spec.evaluator}")
+        for signal_name, posture_signal in self.signals.items():
+            for evaluator in posture_signal.evaluators:
+                if evaluator not in self.evaluators:
+                    raise ValueError(f"signal {signal_name} names unknown evaluator {evaluator}")
         for affordance in self.providers:
             if affordance not in self.affordances:
                 raise ValueError(f"providers name unknown affordance {affordance}")
@@ -171,6 +163,8 @@ class Profile(_Model):
         for name, spec in sorted(self.actions.items()):
             payload = PAYLOAD_MODELS[spec.kind].model_json_schema()
             payload.pop("title", None)
+            if spec.evaluator is not None:
+                payload |= self.evaluators[spec.evaluator].payload_schema()
             variants.append(
                 {
                     "type": "object",
@@ -213,13 +207,11 @@ def load_profile(name_or_path: str | Path) -> Profile:
     if not path.is_file():
         known = ", ".join(builtin_profiles())
         raise ProfileError(f"no profile {str(name_or_path)!r} (built-in: {known}; or a file path)")
-    try:
-        text = path.read_text("utf-8")
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        raise ProfileError(f"{path}: cannot read profile: {one_line(str(exc))}") from exc
-    except RecursionError:
-        raise ProfileError(f"{path}: nested too deeply to be a profile") from None
+    read = read_json if path.suffix == ".json" else read_yaml
+    try:  # capped in size and nesting, as a scenario file is (8 MiB, 64 levels)
+        data = read(path, what="a profile file")
+    except ReadError as exc:
+        raise ProfileError(str(exc)) from None
     return _parse(data, str(path))
 
 

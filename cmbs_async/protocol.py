@@ -18,12 +18,17 @@ from executors.observation import (
     Check,
     CommandEnv,
     Containment,
+    FileChange,
+    InputFile,
     Limits,
     Network,
     Observation,
     Output,
     PassedName,
+    Program,
 )
+
+from ._bounds import ARTIFACT_MAX_CHARS, COMMAND_MAX_CHARS, PATH_MAX_CHARS
 
 __all__ = [
     "ENV_NAME",
@@ -41,7 +46,10 @@ __all__ = [
     "Commitment",
     "Containment",
     "EmptyPayload",
+    "EvaluationPayload",
     "EvidenceState",
+    "FileChange",
+    "InputFile",
     "Limits",
     "MasksView",
     "Network",
@@ -51,6 +59,7 @@ __all__ = [
     "PassedName",
     "Posture",
     "PostureClaim",
+    "Program",
     "PosturePayload",
     "Response",
     "Scope",
@@ -84,21 +93,31 @@ class ActionKind(StrEnum):
 
     WRITE_ARTIFACT = "write_artifact"
     RUN_COMMAND = "run_command"
+    RUN_EVALUATION = "run_evaluation"
     DECLARE_POSTURE = "declare_posture"
     TERMINATE = "terminate"
 
 
 class ArtifactPayload(_Model):
-    """Payload of an action that writes a file into the scenario's workdir."""
+    """Payload of an action that writes a file into the scenario's workdir (its content
+    at most :data:`~cmbs_async._bounds.ARTIFACT_MAX_CHARS` characters)."""
 
-    content: str
-    path: str = Field(min_length=1)
+    content: str = Field(max_length=ARTIFACT_MAX_CHARS)
+    path: str = Field(min_length=1, max_length=PATH_MAX_CHARS)
 
 
 class CommandPayload(_Model):
-    """Payload of an action that runs a shell command in the scenario's workdir."""
+    """Payload of an action that runs a shell command in the scenario's workdir (at most
+    :data:`~cmbs_async._bounds.COMMAND_MAX_CHARS` characters)."""
 
-    command: str = Field(min_length=1)
+    command: str = Field(min_length=1, max_length=COMMAND_MAX_CHARS)
+
+
+class EvaluationPayload(BaseModel):
+    """Payload of an action that runs its profile's evaluator: the values of the
+    evaluator's placeholders (``{"policy": "policy.rego", "input": "data.json"}``)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
 
 
 class PosturePayload(_Model):
@@ -111,9 +130,10 @@ class EmptyPayload(_Model):
     """Payload of an action that takes none (terminate)."""
 
 
-PAYLOAD_MODELS: dict[ActionKind, type[_Model]] = {
+PAYLOAD_MODELS: dict[ActionKind, type[BaseModel]] = {
     ActionKind.WRITE_ARTIFACT: ArtifactPayload,
     ActionKind.RUN_COMMAND: CommandPayload,
+    ActionKind.RUN_EVALUATION: EvaluationPayload,
     ActionKind.DECLARE_POSTURE: PosturePayload,
     ActionKind.TERMINATE: EmptyPayload,
 }

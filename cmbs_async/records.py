@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ._bounds import bounded
 from .agents.base import AgentMessage
 from .audit.store import Entry, RecordKind
 from .gate import Decision
@@ -87,6 +88,12 @@ def observation_record(number: int, observation: Observation) -> Entry:
     return Entry(RecordKind.OBSERVATION, number, observation.model_dump(mode="json"))
 
 
+def evidence_record(number: int, chain: dict[str, Any]) -> Entry:
+    """An evaluation's provenance chain (collector -> input -> evaluation -> posture), as
+    :attr:`~cmbs_async.masks.Masks.chain` gives it."""
+    return Entry(RecordKind.EVIDENCE, number, chain)
+
+
 def end_record(result: ScenarioResult) -> Entry:
     """How the run ended (its summary without the trace: the records are the trace)."""
     return Entry(RecordKind.END, None, result.summary() | {"trace": None})
@@ -109,12 +116,13 @@ def _raw(message: AgentMessage) -> dict[str, Any]:
 def recordable(message: AgentMessage) -> str | bytes | AgentStep:
     """The agent's message in a form the trail keeps exactly, for the gate to judge: text,
     bytes and steps as they are; anything else (a mapping, with values JSON lacks or not)
-    as JSON text, foreign values as their ``repr``. Replay then sees what the gate saw."""
+    as JSON text, foreign values as their ``repr``. Replay then sees what the gate saw.
+    A message over the step cap is kept as its size and hash only (see :mod:`._bounds`)."""
     if isinstance(message, str | bytes | AgentStep):
-        return message
+        return bounded(message)
     if isinstance(message, bytearray):
-        return bytes(message)
-    return json_text(message)
+        return bounded(bytes(message))
+    return bounded(json_text(message))
 
 
 def json_text(value: object) -> str:

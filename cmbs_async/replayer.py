@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
+
+from ._errors import validation_reason
+from .audit.shape import data_problem
 from .audit.store import AuditError, AuditRecord, AuditStore, RecordKind
 from .gate import Decision, Gate
 from .profile import Profile
@@ -28,19 +32,41 @@ class ReplayReport:
 
 
 def replay(store: AuditStore, session_id: str) -> ReplayReport:
-    """Re-derive every recorded decision and reconcile result of ``session_id``."""
+    """Re-derive every recorded decision and reconcile result of ``session_id``.
+
+    A record without what replay reads of it (a decision with no verdict, a session with
+    no profile, an observation that is not one) is an :class:`AuditError`, one line.
+    """
     records = iter(store.records(session_id))
     first = next(records, None)
     if first is None or first.kind is not RecordKind.SESSION:
         raise AuditError(f"no session {session_id} in the audit store")
-    replayer = _Replayer(
-        Gate(Profile.model_validate(first.data["profile"])),
-        reviewing=first.data.get("review") is not None,
-    )
+    _check_shape(first)
+    if not isinstance(first.data.get("profile"), dict):
+        raise _unreadable(first, "it holds no profile to judge the steps with")
+    try:
+        profile = Profile.model_validate(first.data["profile"])
+    except ValidationError as exc:
+        raise _unreadable(first, f"its profile is not one ({validation_reason(exc)})") from None
+    replayer = _Replayer(Gate(profile), reviewing=first.data.get("review") is not None)
     for record in records:
+        _check_shape(record)
         replayer.feed(record)
     return ReplayReport(
         session_id, replayer.decisions, replayer.reconciles, tuple(replayer.mismatches)
+    )
+
+
+def _check_shape(record: AuditRecord) -> None:
+    problem = data_problem(record)
+    if problem is not None:
+        raise _unreadable(record, f"not of its kind's shape: {problem}")
+
+
+def _unreadable(record: AuditRecord, problem: str) -> AuditError:
+    return AuditError(
+        f"session {record.session_id} record {record.seq} ({record.kind.value}): {problem}; "
+        "`cmbs audit verify` says more"
     )
 
 
@@ -65,11 +91,18 @@ class _Replayer:
             if self.reviewing:
                 self._reconcile(step, data.get("flags", []))
         elif record.kind is RecordKind.SUPERVISION:
-            self.reoriented = data["action"] == ReviewAction.REORIENT
+            self.reoriented = data.get("action") == ReviewAction.REORIENT
         elif record.kind is RecordKind.DECISION:
             self._decide(step, data)
+        elif record.kind is RecordKind.EVIDENCE:
+            if self.gate.masks.chain != data:
+                self.mismatches.append(f"step {step}: the evidence chain differs")
         elif record.kind is RecordKind.OBSERVATION:
-            observation = Observation.model_validate(data)
+            try:
+                observation = Observation.model_validate(data)
+            except ValidationError as exc:
+                problem = f"not of its kind's shape ({validation_reason(exc)})"
+                raise _unreadable(record, problem) from None
             self.gate.observe(observation)
             last = self.last
             if self.reviewing and last is not None and last.step is not None and step is not None:

@@ -37,6 +37,7 @@ from ._streams import receive, send
 from ._trail import Trail, open_trail
 from .agents.base import Agent, AgentMessage
 from .audit.store import AuditError, AuditStore
+from .evaluating import Programs, run_evaluation
 from .events import Events, logger
 from .gate import Decision, Gate, Rules
 from .handle import RunHandle
@@ -396,6 +397,7 @@ async def _executor_actor(
     replies: MemoryObjectSendStream[Observation | _Failed],
 ) -> None:
     env = spec.command_env()
+    programs = Programs(executor, workdir, env)
     async with requests, replies:
         while True:
             try:
@@ -403,16 +405,21 @@ async def _executor_actor(
             except anyio.EndOfStream:
                 return
             payload = decision.payload
+            timeout = spec.command_timeout_s
             try:
                 if isinstance(payload, ArtifactPayload):
                     observation = await executor.write_artifact(
                         workdir, payload.path, payload.content
                     )
+                elif decision.evaluation is not None:
+                    observation = await run_evaluation(
+                        executor, workdir, decision.evaluation, programs, timeout=timeout, env=env
+                    )
                 elif isinstance(payload, CommandPayload):
                     observation = await executor.run_command(
-                        workdir, payload.command, timeout=spec.command_timeout_s, env=env
+                        workdir, payload.command, timeout=timeout, env=env
                     )
-                else:  # pragma: no cover - the gate only asks to execute these two
+                else:  # pragma: no cover - the gate only asks to execute these
                     raise ExecutorError(f"nothing to execute for {decision.action_type}")
             except ExecutorError as exc:
                 logger.warning(Events.EXECUTOR_FAILED, step=decision.step_number, reason=str(exc))
@@ -550,8 +557,11 @@ async def _execute(run: _Run, decision: Decision, executor: _ExecutorLink) -> Ob
     )
     await run.trail.observation(decision.step_number, reply)
     run.gate.observe(reply)
-    if run.gate.masks.refused is not None:
-        run.log.info(Events.EVIDENCE_REFUSED, reason=run.gate.masks.refused)
+    masks = run.gate.masks
+    if masks.chain is not None:
+        await run.trail.evidence(decision.step_number, masks.chain)
+    if masks.refused is not None:
+        run.log.info(Events.EVIDENCE_REFUSED, reason=masks.refused)
     run.review.executed(decision, reply)
     return reply
 

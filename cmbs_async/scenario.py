@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ._errors import CmbsError, one_line, validation_reason
+from ._errors import CmbsError, validation_reason
+from ._reading import ReadError, read_json, read_yaml
 from .profile import builtin_profiles
 from .protocol import ENV_NAME, CommandEnv, Limits, Network, PassedName
 
 __all__ = ["ScenarioError", "ScenarioSpec", "load_scenario"]
 
 _VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+
+
+#: The largest scenario file read (``/dev/zero`` or a file of gigabytes is refused).
+SCENARIO_MAX_BYTES = 8 * 1024 * 1024
 
 
 class ScenarioError(CmbsError, ValueError):
@@ -127,18 +130,11 @@ def load_scenario(path: str | Path, *, vars: Mapping[str, str] | None = None) ->
     set declared vars, as ``--var`` does.
     """
     path = Path(path)
+    read = read_json if path.suffix == ".json" else read_yaml
     try:
-        text = path.read_text("utf-8")
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ScenarioError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
-    try:
-        data: Any = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ScenarioError(f"{path}: not valid {_format(path)}: {one_line(str(exc))}") from exc
-    except RecursionError:
-        raise ScenarioError(f"{path}: nested too deeply to be a scenario") from None
+        data: Any = read(path, what="a scenario file", max_bytes=SCENARIO_MAX_BYTES)
+    except ReadError as exc:  # too large, too deep, not the format: one line naming it
+        raise ScenarioError(str(exc)) from None
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: a scenario must be a mapping of fields")
     try:
@@ -148,7 +144,3 @@ def load_scenario(path: str | Path, *, vars: Mapping[str, str] | None = None) ->
     if spec.profile not in builtin_profiles():  # a file: beside the scenario, if relative
         spec = spec.model_copy(update={"profile": str(path.parent / spec.profile)})
     return spec.with_vars(vars) if vars else spec
-
-
-def _format(path: Path) -> str:
-    return "JSON" if path.suffix == ".json" else "YAML"

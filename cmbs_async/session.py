@@ -209,6 +209,7 @@ class Session:
             self._declared = str(payload.get("posture", "unknown"))
         ran = response.verdict is Verdict.ALLOW and kind in (
             ActionKind.RUN_COMMAND,
+            ActionKind.RUN_EVALUATION,
             ActionKind.WRITE_ARTIFACT,
         )
         return StepReply(

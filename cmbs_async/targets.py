@@ -8,7 +8,7 @@ import re
 import shlex
 from urllib.parse import urlsplit
 
-import yaml
+from ._reading import ReadError, loads_yaml
 
 __all__ = ["destinations_from_inventory", "destinations_from_kubeconfig"]
 
@@ -73,10 +73,10 @@ def destinations_from_kubeconfig(text: str) -> tuple[str, ...]:
     """``HOST:PORT`` of each cluster's ``server`` in a kubeconfig (443 for https, 80 for
     http, where none is given), and of its ``proxy-url`` if any. ``ValueError`` (one line)
     for a server that cannot be read, or none."""
-    try:
-        config = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"kubeconfig: not YAML: {' '.join(str(exc).split())}") from None
+    try:  # nesting and aliases capped: the scenario data is the operator's, or an agent's
+        config = loads_yaml(text, origin="kubeconfig")
+    except ReadError as exc:
+        raise ValueError(str(exc).replace("not valid YAML", "not YAML")) from None
     clusters = config.get("clusters") if isinstance(config, dict) else None
     found = []
     for item in clusters if isinstance(clusters, list) else []:

@@ -2,8 +2,10 @@
 
 Run it: ``python examples/library_gate.py``. Your loop proposes steps, the gate judges
 each one, you execute what it allows (here with the local executor) and feed back what
-really happened. The posture moves only on an evaluator the profile names (cmbs-opa here),
-run over input the agent did not write.
+really happened. The posture moves only on an evaluation the profile declares (cmbs-opa
+here), run exactly as the gate judged it: ``run_evaluation`` runs ``decision.evaluation``
+as its argument vector, by a program resolved outside the agent's reach, over input the
+agent did not write.
 """
 
 from __future__ import annotations
@@ -12,7 +14,15 @@ import json
 
 import anyio
 
-from cmbs_async import ArtifactPayload, CommandPayload, Gate, Verdict, load_profile
+from cmbs_async import (
+    ArtifactPayload,
+    CommandPayload,
+    Gate,
+    Programs,
+    Verdict,
+    load_profile,
+    run_evaluation,
+)
 from executors import LocalExecutor
 
 
@@ -38,13 +48,20 @@ async def main() -> None:
     async with LocalExecutor() as executor:
         # what was collected before the agent's turn: not the agent's to write
         workdir = await executor.prepare(None, {"collected.json": '{"permit_root_login": "no"}'})
+        programs = Programs(executor, workdir)  # each evaluator resolved once, then kept
         for raw in PLAN:
             decision = gate.decide(raw)
             print(f"{decision.action_type:16} {decision.verdict:9} {decision.message}")
-            if isinstance(decision.payload, ArtifactPayload) and decision.needs_execution:
+            if not decision.needs_execution:
+                pass
+            elif decision.evaluation is not None:  # exactly what the gate judged, no shell
+                evaluation = decision.evaluation
+                observed = await run_evaluation(executor, workdir, evaluation, programs, timeout=10)
+                gate.observe(observed)
+            elif isinstance(decision.payload, ArtifactPayload):
                 payload = decision.payload
                 gate.observe(await executor.write_artifact(workdir, payload.path, payload.content))
-            if isinstance(decision.payload, CommandPayload) and decision.needs_execution:
+            elif isinstance(decision.payload, CommandPayload):
                 command = decision.payload.command
                 gate.observe(await executor.run_command(workdir, command, timeout=10))
             if decision.verdict is Verdict.TERMINATE:

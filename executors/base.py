@@ -3,12 +3,12 @@ capped output capture."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Protocol, Self, runtime_checkable
 
 from .errors import CleanupFailed, CmbsError, ExecutorError, PathRefused, SandboxLeak
-from .observation import CommandEnv, Containment, Observation, Output
+from .observation import CommandEnv, Containment, Observation, Output, Program
 
 __all__ = [
     "DEFAULT_OUTPUT_CAP",
@@ -76,7 +76,10 @@ class Executor(Protocol):
         ...
 
     async def write_artifact(self, workdir: str, path: str, content: str) -> Observation:
-        """Write ``content`` to ``path``, relative to and confined in ``workdir``."""
+        """Write ``content`` to ``path``, relative to and confined in ``workdir``.
+
+        Every action's observation says what it changed in the workdir (``changes``: the
+        files created, changed or removed, by inode and content hash)."""
         ...
 
     async def run_command(
@@ -87,6 +90,32 @@ class Executor(Protocol):
         ``env`` is what the scenario declares for the command's environment (none: what
         :meth:`prepare` was given for the workdir).
         """
+        ...
+
+    async def run_program(
+        self,
+        workdir: str,
+        argv: Sequence[str],
+        *,
+        timeout: float | None,
+        env: CommandEnv | None = None,
+        inputs: Sequence[str] = (),
+    ) -> Observation:
+        """Run ``argv`` exactly as it is, with no shell (``argv[0]`` an absolute path, as
+        :meth:`resolve_program` gives it), in ``workdir``, like :meth:`run_command`.
+
+        ``inputs`` are arguments that name input files: each is identified just before the
+        program starts (:class:`~executors.observation.InputFile`). The observation says
+        ``argv`` and ``inputs``.
+        """
+        ...
+
+    async def resolve_program(
+        self, workdir: str, name: str, *, env: CommandEnv | None = None
+    ) -> Program | None:
+        """The program ``name`` as the workdir's commands find it on their ``PATH``, if it
+        lies outside every place they (or the agent) can write: its real path and content
+        hash. ``None`` if there is no such program."""
         ...
 
     async def cleanup(self, workdir: str, *, remove: bool = True) -> None:

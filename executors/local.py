@@ -5,6 +5,7 @@ in its own process group."""
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import tempfile
@@ -13,6 +14,7 @@ from contextlib import suppress
 from functools import partial
 from pathlib import Path
 from pwd import getpwuid
+from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import ByteReceiveStream, Process
@@ -28,7 +30,7 @@ from .base import (
 from .canary import prove
 from .errors import CleanupFailed, ExecutorError
 from .events import EventLogger
-from .observation import CommandEnv, Containment, Observation
+from .observation import CommandEnv, Containment, FileChange, InputFile, Observation, Program
 from .sandbox import (
     INSTALL_HINT,
     SANDBOX_HOME,
@@ -44,11 +46,19 @@ from .sandbox import (
     sandbox_user,
 )
 from .sandboxes import Exit, Run, Sandbox, SandboxBroken, start_sandbox
+from .snapshot import diff, identify, locate, take
 from .workdir import Workdirs
+
+if TYPE_CHECKING:
+    from .snapshot import Snapshot
 
 __all__ = ["LocalExecutor"]
 
 _log = EventLogger("cmbs_async.sandbox")
+
+#: Where a sandboxed command may write besides its workdir (private, but on every PATH
+#: lookup's way: a program found there is the agent's).
+_PRIVATE = ("/tmp", "/dev/shm", "/var/tmp", "/run")
 
 #: How a limit a command ran into is said in its observation.
 _LIMITS = {
@@ -115,6 +125,7 @@ class LocalExecutor(Closing):
         self._starting: dict[tuple[str, str], anyio.Lock] = {}
         self._reports: dict[str, Containment] = {}
         self._declared: dict[str, CommandEnv] = {}  # what prepare was told, by workdir
+        self._snapshots: dict[str, Snapshot] = {}  # what each held workdir holds, as last seen
 
     @property
     def containment(self) -> str:
@@ -168,6 +179,7 @@ class LocalExecutor(Closing):
             self._users[prepared] = user
         try:
             await seed_files(self, prepared, files)
+            self._snapshots[prepared] = await anyio.to_thread.run_sync(take, prepared)
             self._declared[prepared] = env or CommandEnv()
             if self._bwrap is not None:
                 await self._sandbox(prepared, self._declared[prepared])
@@ -223,6 +235,7 @@ class LocalExecutor(Closing):
         start = anyio.current_time()
         if not self._workdirs.holds(workdir):  # not prepared here: under the root, or refused
             self.check_workdir(workdir)
+        before = await self._snapshot(workdir)
         try:
             data = content.encode()
             await anyio.to_thread.run_sync(self._workdirs.write, workdir, path, data)
@@ -232,28 +245,77 @@ class LocalExecutor(Closing):
             return refused_artifact(path, f"cannot write {path!r}: not valid UTF-8")
         except OSError as exc:
             return refused_artifact(path, f"cannot write {path!r}: {exc.strerror or exc}")
-        return Observation(
-            kind="artifact",
-            path=path,
-            success=True,
-            duration_s=anyio.current_time() - start,
+        observed = Observation(
+            kind="artifact", path=path, success=True, duration_s=anyio.current_time() - start
         )
+        return await self._changed(workdir, before, observed)
 
     async def run_command(
         self, workdir: str, command: str, *, timeout: float | None, env: CommandEnv | None = None
     ) -> Observation:
         start = anyio.current_time()
-        declared = env or self._declared.get(workdir) or CommandEnv()
         if "\x00" in command:
             return _not_started(command, "a NUL byte in the command", start)
+        before = await self._snapshot(workdir)
+        observed = await self._run(workdir, command, command, timeout, env, start)
+        return await self._changed(workdir, before, observed)
+
+    async def run_program(
+        self,
+        workdir: str,
+        argv: Sequence[str],
+        *,
+        timeout: float | None,
+        env: CommandEnv | None = None,
+        inputs: Sequence[str] = (),
+    ) -> Observation:
+        start = anyio.current_time()
+        command = shlex.join(argv)
+        if not argv or not argv[0].startswith("/") or any("\x00" in arg for arg in argv):
+            return _not_started(
+                command, "not an absolute program path and NUL-free arguments", start
+            )
+        before = await self._snapshot(workdir)
+        real = str(await anyio.Path(workdir).resolve())
+        named = await anyio.to_thread.run_sync(partial(_identify_all, real, inputs))
+        observed = await self._run(workdir, list(argv), command, timeout, env, start)
+        observed = observed.model_copy(update={"argv": tuple(argv), "inputs": named})
+        return await self._changed(workdir, before, observed)
+
+    async def resolve_program(
+        self, workdir: str, name: str, *, env: CommandEnv | None = None
+    ) -> Program | None:
+        declared = env or self._declared.get(workdir) or CommandEnv()
+        search = command_env(declared, home=None)["PATH"]
+        if self._bwrap is not None:  # commands write only the workdir and private tmpfs
+            writable, owner = [self.workdir_root, *_PRIVATE], self._users.get(workdir, self._user)
+        else:  # commands run as the operator: only what is theirs alone is out of reach
+            writable, owner = [self.workdir_root, tempfile.gettempdir(), *_PRIVATE], None
+        found = await anyio.to_thread.run_sync(
+            locate, name, search, writable, owner.uid if owner is not None else None
+        )
+        return Program.model_validate(found) if found is not None else None
+
+    async def _run(
+        self,
+        workdir: str,
+        command: str | list[str],
+        said: str,
+        timeout: float | None,
+        env: CommandEnv | None,
+        start: float,
+    ) -> Observation:
+        """Run ``command`` (a shell command, or an argument vector) as the workdir's
+        commands run; its observation says it as ``said``."""
+        declared = env or self._declared.get(workdir) or CommandEnv()
         if self._bwrap is None:
-            return await self._run_bare(workdir, command, timeout, declared, start)
+            return await self._run_bare(workdir, command, said, timeout, declared, start)
         real = await anyio.Path(workdir).resolve()
         sandbox = await self._sandbox(str(real), declared)
         stdout, stderr = OutputBuffer(self.output_cap), OutputBuffer(self.output_cap)
         ran = await Run.start(sandbox, command, command_env(declared, home=SANDBOX_HOME), workdir)
         if isinstance(ran, str):
-            return _not_started(command, ran, start)
+            return _not_started(said, ran, start)
         try:
             with anyio.move_on_after(timeout) as scope:
                 await ran.collect(stdout, stderr, self.drain_grace)
@@ -264,11 +326,28 @@ class LocalExecutor(Closing):
             await ran.end(self.kill_grace)
         timed_out = scope.cancelled_caught
         observed = self._observed(
-            command, ran.exit, sandbox, timed_out, timeout, stdout, stderr, start
+            said, ran.exit, sandbox, timed_out, timeout, stdout, stderr, start
         )
         if sandbox.broker is not None:  # network by allow-list: what it refused, said
             observed = await sandbox.broker.observe(observed)
         return observed
+
+    # -- what the workdir holds -------------------------------------------------------
+    async def _snapshot(self, workdir: str) -> Snapshot:
+        """The workdir as the last action left it (taken now if none was)."""
+        found = self._snapshots.get(workdir)
+        if found is None:
+            found = await anyio.to_thread.run_sync(take, workdir)
+        return found
+
+    async def _changed(self, workdir: str, before: Snapshot, observed: Observation) -> Observation:
+        """``observed`` with what the action changed in the workdir since ``before``."""
+        after = await anyio.to_thread.run_sync(take, workdir, before)
+        if self._workdirs.holds(workdir):
+            self._snapshots[workdir] = after
+        changes = tuple(FileChange.model_validate(change) for change in diff(before, after))
+        complete = "" not in after and "" not in before
+        return observed.model_copy(update={"changes": changes, "changes_complete": complete})
 
     # -- the sandbox of a workdir -------------------------------------------------------
     async def _sandbox(self, workdir: str, env: CommandEnv) -> Sandbox:
@@ -329,6 +408,7 @@ class LocalExecutor(Closing):
         """Close the sandboxes of ``workdir``."""
         self._reports.pop(workdir, None)
         self._declared.pop(workdir, None)
+        self._snapshots.pop(workdir, None)
         self._users.pop(workdir, None)
         for key in [key for key in self._sandboxes if key[0] == workdir]:
             await self._sandboxes.pop(key).aclose()
@@ -366,20 +446,26 @@ class LocalExecutor(Closing):
 
     # -- without a sandbox ------------------------------------------------------------
     async def _run_bare(
-        self, workdir: str, command: str, timeout: float | None, declared: CommandEnv, start: float
+        self,
+        workdir: str,
+        command: str | list[str],
+        said: str,
+        timeout: float | None,
+        declared: CommandEnv,
+        start: float,
     ) -> Observation:
         check_workdir(workdir, hidden=(), root=self.workdir_root)
         stdout, stderr = OutputBuffer(self.output_cap), OutputBuffer(self.output_cap)
         try:
             process = await anyio.open_process(
-                ["/bin/sh", "-c", command],
+                ["/bin/sh", "-c", command] if isinstance(command, str) else command,
                 cwd=workdir,
                 env=command_env(declared, home=None),
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
         except OSError as exc:
-            return _not_started(command, exc.strerror or str(exc), start)
+            return _not_started(said, exc.strerror or str(exc), start)
         timed_out = False
         try:
             with anyio.move_on_after(timeout) as scope:
@@ -397,7 +483,7 @@ class LocalExecutor(Closing):
         found = None if timed_out or status is None or status < 0 else status != 127
         return Observation(
             kind="command",
-            command=command,
+            command=said,
             success=not timed_out and status == 0,
             exit_status=status,
             program_found=found,
@@ -443,6 +529,11 @@ class LocalExecutor(Closing):
                     await anyio.sleep(delay)
                     delay = min(delay * 2, 0.1)
                 return
+
+
+def _identify_all(workdir: str, arguments: Sequence[str]) -> tuple[InputFile, ...]:
+    """The files ``arguments`` name for a program running in ``workdir``."""
+    return tuple(InputFile(argument=arg, **identify(workdir, arg)) for arg in arguments)
 
 
 def _not_started(command: str, reason: str, start: float) -> Observation:

@@ -20,11 +20,14 @@ __all__ = [
     "CommandEnv",
     "Containment",
     "Destination",
+    "FileChange",
+    "InputFile",
     "Limits",
     "Network",
     "Observation",
     "Output",
     "PassedName",
+    "Program",
     "parse_size",
 ]
 
@@ -188,6 +191,45 @@ class Containment(_Model):
         return tuple(check for check in self.canary if not check.held)
 
 
+class FileChange(_Model):
+    """A file an action created, changed, renamed, linked or removed in the workdir, known
+    by its inode and the SHA-256 of its content (a symbolic link: its ``target``). A rename
+    or a hard link names the ``source`` path whose inode it took."""
+
+    path: str
+    change: Literal["created", "changed", "renamed", "linked", "removed"]
+    kind: Literal["file", "link", "other"]
+    inode: int
+    sha256: str | None = None
+    target: str | None = None
+    source: str | None = None
+
+
+class InputFile(_Model):
+    """The file an argument of a program named, identified just before the program ran:
+    a regular file inside the workdir (its relative ``path``, inode and content hash), or
+    ``outside`` saying why it is not one. ``role`` says what the evaluation reads it as:
+    an ``input`` (judged by provenance), a ``file`` it must find in the workdir (a
+    policy), or a ``variable``'s file (``KUBECONFIG``: judged by provenance, and may lie
+    outside the workdir, where the operator put it)."""
+
+    argument: str
+    role: Literal["input", "file", "variable"] = "input"
+    path: str | None = None
+    inode: int | None = None
+    sha256: str | None = None
+    outside: str | None = None
+
+
+class Program(_Model):
+    """A program resolved to an absolute path outside every writable place, with the
+    SHA-256 of its content."""
+
+    name: str
+    path: str
+    sha256: str
+
+
 class Observation(_Model):
     """What really happened when an allowed action ran.
 
@@ -196,6 +238,11 @@ class Observation(_Model):
     ``limits_hit`` names the scenario's limits the command ran into (``"pids"``,
     ``"memory"``, ``"tmp"``, ``"shm"``); ``network_refused`` the connections the sandbox
     refused it (``"10.0.0.9:443"``), each a reason the command may have failed.
+
+    A program run as an argument vector, with no shell, says so: ``argv`` is exactly what
+    ran, ``program`` the file it was, ``inputs`` the files its input arguments named.
+    ``changes`` is what the action did to the workdir (``changes_complete`` false when the
+    workdir held too many files to say all of it).
     """
 
     kind: Literal["command", "artifact"]
@@ -209,6 +256,11 @@ class Observation(_Model):
     error: str | None = None
     limits_hit: tuple[str, ...] = ()
     network_refused: tuple[str, ...] = ()
+    argv: tuple[str, ...] | None = None
+    program: Program | None = None
+    inputs: tuple[InputFile, ...] = ()
+    changes: tuple[FileChange, ...] = ()
+    changes_complete: bool = True
     stdout: Output = Field(default_factory=Output)
     stderr: Output = Field(default_factory=Output)
     duration_s: float = 0.0

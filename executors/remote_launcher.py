@@ -50,6 +50,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from .snapshot import diff, identify, locate, take  # sent inlined (ssh.launcher_source)
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -1012,7 +1014,7 @@ class Zygote:
                                canary["network"], canary["touch"])  # fmt: skip
             _write_all(1, json.dumps(found).encode())
             os._exit(0)
-        os.execve("/bin/sh", ["sh", "-c", str(meta.get("command"))], env)
+        become_command(meta.get("command"), env)
 
     def reap(self) -> None:
         while True:
@@ -1033,7 +1035,7 @@ class Zygote:
 
 def exec_command(
     workdir: str,
-    command: str | None,
+    command: str | list[str] | None,
     env: dict[str, str],
     run: Callable[[], None] | None,
     out_w: int,
@@ -1055,7 +1057,14 @@ def exec_command(
         run()
         os._exit(0)
     assert command is not None
-    os.execve("/bin/sh", ["sh", "-c", command], env)
+    become_command(command, env)
+
+
+def become_command(command: Any, env: dict[str, str]) -> None:
+    """Execute ``command``: a list as the argument vector it is, a string by ``sh -c``."""
+    if isinstance(command, list):
+        os.execve(str(command[0]), [str(arg) for arg in command], env)
+    os.execve("/bin/sh", ["sh", "-c", str(command)], env)
 
 
 class Command:
@@ -1097,6 +1106,7 @@ class Launcher:
         self.plan: Plan | None = None
         self.mode: str | None = None
         self.workdir: str | None = None
+        self.tree: dict[str, Any] | None = None  # the workdir as the last action left it
         self.workdir_fd: int | None = None
         self.identity: tuple[int, int] | None = None
         self.home = os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
@@ -1337,6 +1347,7 @@ class Launcher:
             self.send({"op": "opened", "id": ident, "replaced": True})
             return
         self.workdir, self.workdir_fd, self.identity = real, fd, identity
+        self.tree = take(real)
         self.send({"op": "opened", "id": ident, "workdir": real, "identity": list(identity)})
 
     def op_sandbox(self, meta: Meta, blobs: list[bytes]) -> None:
@@ -1415,21 +1426,29 @@ class Launcher:
         self.start(int(ident or 0), None, {}, 1 << 20, on_done=judged, canary=canary)
 
     def op_run(self, meta: Meta, blobs: list[bytes]) -> None:
+        """Run a command (a string, by ``sh -c``) or a program (an argument vector, its
+        ``inputs`` identified first); its end says what it changed in the workdir."""
         ident = int(meta["id"])
         env = dict(meta.get("env") or {})  # on top of the host's (the zygote has it)
         if self.mode == "session-kill":
             env = dict(self.env, PWD=self.workdir or "/", **env)
+        command = meta["command"]
+        if not isinstance(command, list):
+            command = str(command)
+        inputs = [identify(self.workdir or "/", str(arg)) for arg in meta.get("inputs") or []]
 
         def done(command: Command) -> None:
+            changes, complete = self.changes()
             self.send(
                 {"op": "done", "id": command.ident, "code": command.code,
                  "signal": command.signal, "error": command.error,
-                 "totals": [command.out.total, command.err.total]},
+                 "totals": [command.out.total, command.err.total], "inputs": inputs,
+                 "changes": changes, "complete": complete},
                 bytes(command.out.head), bytes(command.out.tail),
                 bytes(command.err.head), bytes(command.err.tail),
             )  # fmt: skip
 
-        self.start(ident, str(meta["command"]), env, int(meta.get("cap") or 65536), on_done=done)
+        self.start(ident, command, env, int(meta.get("cap") or 65536), on_done=done)
         self.commands[ident].drain = float(meta.get("drain", DRAIN))
 
     def op_kill(self, meta: Meta, blobs: list[bytes]) -> None:
@@ -1467,7 +1486,26 @@ class Launcher:
 
     def op_write(self, meta: Meta, blobs: list[bytes]) -> None:
         code, message = self.write(meta.get("parts") or [], blobs[0] if blobs else b"")
-        self.send({"op": "wrote", "id": meta.get("id"), "code": code, "message": message})
+        changes, complete = self.changes()
+        self.send({"op": "wrote", "id": meta.get("id"), "code": code, "message": message,
+                   "changes": changes, "complete": complete})  # fmt: skip
+
+    def op_resolve(self, meta: Meta, blobs: list[bytes]) -> None:
+        """A program as the commands find it on ``path``, outside what they can write."""
+        writable = [self.workdir or "/", "/tmp", "/var/tmp", "/dev/shm", "/run"]
+        owner = None
+        if self.mode == "session-kill":  # commands run as this login, unsandboxed
+            writable.append(self.home)
+            owner = os.getuid()
+        search = str(meta.get("path") or self.env.get("PATH") or os.defpath)
+        found = locate(str(meta.get("name")), search, writable, owner)
+        self.send({"op": "resolved", "id": meta.get("id"), "program": found})
+
+    def changes(self) -> tuple[list[Meta], bool]:
+        """What changed in the workdir since the last time this was asked."""
+        before = self.tree if self.tree is not None else {}
+        self.tree = take(self.workdir or "/", before)
+        return diff(before, self.tree), "" not in before and "" not in self.tree
 
     def op_cleanup(self, meta: Meta, blobs: list[bytes]) -> None:
         """Kill every command; once they are gone (or after a grace) stop the sandbox,

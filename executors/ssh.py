@@ -65,7 +65,16 @@ from .base import (
     refused_artifact,
 )
 from .events import EventLogger
-from .observation import Check, CommandEnv, Containment, Observation, Output
+from .observation import (
+    Check,
+    CommandEnv,
+    Containment,
+    FileChange,
+    InputFile,
+    Observation,
+    Output,
+    Program,
+)
 from .remote_launcher import MAX_DEPTH, FrameReader, encode
 
 __all__ = [
@@ -118,11 +127,35 @@ def read_identity(path: str) -> asyncssh.SSHKey:
     """The private key in ``path``, or :class:`SSHAuthRefused` saying why it cannot be used
     (unreadable, not a key, or encrypted: cmbs cannot ask for a passphrase)."""
     try:
-        return asyncssh.read_private_key(path)
+        data = _read_capped(path, _IDENTITY_MAX)
     except OSError as exc:
         raise SSHAuthRefused(f"identity {path}: cannot read: {exc.strerror or exc}") from None
+    if data is None:
+        raise SSHAuthRefused(f"identity {path}: larger than 1 MiB (the cap for an identity file)")
+    try:
+        return asyncssh.import_private_key(data)
     except (asyncssh.KeyImportError, ValueError) as exc:
         raise SSHAuthRefused(f"identity {path}: not a usable private key: {exc}") from None
+
+
+#: The largest identity (private key) and known-hosts files read.
+_IDENTITY_MAX = 1 << 20
+_KNOWN_HOSTS_MAX = 64 << 20
+
+
+def _read_capped(path: str, cap: int) -> bytes | None:
+    """At most ``cap`` bytes of ``path`` (``None`` if it holds more), never more read:
+    a file of gigabytes, ``/dev/zero`` or a FIFO costs no more memory than the cap."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: never hangs
+    try:
+        os.set_blocking(fd, True)
+        chunks, taken = [], 0
+        while taken <= cap and (chunk := os.read(fd, min(1 << 20, cap + 1 - taken))):
+            chunks.append(chunk)
+            taken += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks) if taken <= cap else None
 
 
 _LABEL = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
@@ -232,8 +265,26 @@ def _options(target: SSHTarget) -> dict[str, Any]:
             raise SSHHostKeyRejected(f"the pinned host key is not valid: {exc}") from None
         options["known_hosts"] = ([key], [], [])
     elif target.known_hosts:
-        options["known_hosts"] = target.known_hosts
+        options["known_hosts"] = _known_hosts(target.known_hosts)
     return options
+
+
+def _known_hosts(path: str) -> asyncssh.SSHKnownHosts:
+    """The known-hosts file ``path``, read with a cap (asyncssh would read it whole)."""
+    try:
+        data = _read_capped(path, _KNOWN_HOSTS_MAX)
+    except OSError as exc:
+        raise SSHHostKeyRejected(
+            f"known hosts {path}: cannot read: {exc.strerror or exc}"
+        ) from None
+    if data is None:
+        raise SSHHostKeyRejected(
+            f"known hosts {path}: larger than 64 MiB (the cap for a known-hosts file)"
+        )
+    try:
+        return asyncssh.import_known_hosts(data.decode("utf-8", "replace"))
+    except ValueError as exc:
+        raise SSHHostKeyRejected(f"known hosts {path}: not valid: {exc}") from None
 
 
 @dataclass
@@ -304,6 +355,7 @@ class _Pending:
     done: anyio.Event = field(default_factory=anyio.Event)
     acked: anyio.Event = field(default_factory=anyio.Event)
     reply: tuple[Meta, list[bytes]] | None = None
+    inputs: tuple[str, ...] = ()  # the arguments a program's run identifies
 
 
 # The channel's command: the first python3 found execs a bootstrap that reads the
@@ -330,7 +382,11 @@ class _Plain(ast.NodeTransformer):
     """The launcher without annotations, docstrings or typing imports: what Python 3.6
     runs (annotations of 3.9+ spelling would fail there when a function is defined)."""
 
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> ast.AST | None:
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> ast.AST | list[ast.stmt] | None:
+        if node.level == 1 and node.module == "snapshot":  # sent inlined, as plain
+            inlined = ast.parse(Path(__file__).with_name("snapshot.py").read_text())
+            kept = [self.visit(statement) for statement in inlined.body[1:]]
+            return [statement for statement in kept if isinstance(statement, ast.stmt)]
         return None if node.module in ("__future__", "typing") else node
 
     def visit_If(self, node: ast.If) -> ast.AST | None:
@@ -697,7 +753,11 @@ class SSHExecutor(Closing):
         code, message = reply.get("code"), reply.get("message")
         if code == "ok":
             return Observation(
-                kind="artifact", path=path, success=True, duration_s=anyio.current_time() - start
+                kind="artifact",
+                path=path,
+                success=True,
+                duration_s=anyio.current_time() - start,
+                **_changes(reply),
             )
         if code == "replaced":
             raise ExecutorError(f"workdir {workdir} was deleted or replaced during the run")
@@ -712,18 +772,57 @@ class SSHExecutor(Closing):
     async def run_command(
         self, workdir: str, command: str, *, timeout: float | None, env: CommandEnv | None = None
     ) -> Observation:
+        return await self._run(workdir, command, command, timeout, env, ())
+
+    async def run_program(
+        self,
+        workdir: str,
+        argv: Sequence[str],
+        *,
+        timeout: float | None,
+        env: CommandEnv | None = None,
+        inputs: Sequence[str] = (),
+    ) -> Observation:
+        said = shlex.join(argv)
+        observed = await self._run(workdir, list(argv), said, timeout, env, inputs)
+        return observed.model_copy(update={"argv": tuple(argv)})
+
+    async def resolve_program(
+        self, workdir: str, name: str, *, env: CommandEnv | None = None
+    ) -> Program | None:
+        try:
+            launcher = await self._ready(workdir, sandboxed=True)
+            path = _declared(env).get("PATH")
+            reply = await launcher.request({"op": "resolve", "name": name, "path": path})
+        except (_Lost, _Refused, asyncssh.Error, OSError) as exc:
+            why = _reason(exc)
+            raise ExecutorError(f"cannot look for {name} on {self.target.label}: {why}") from None
+        found = reply.get("program")
+        return Program.model_validate(found) if found else None
+
+    async def _run(
+        self,
+        workdir: str,
+        command: str | list[str],
+        said: str,
+        timeout: float | None,
+        env: CommandEnv | None,
+        inputs: Sequence[str],
+    ) -> Observation:
+        """Run a shell command, or an argument vector; observed as ``said``."""
         start = anyio.current_time()
         try:
             launcher = await self._ready(workdir, sandboxed=True)
             values = _declared(env)
             pending = launcher.send(
                 {"op": "run", "command": command, "env": values, "cap": self.output_cap,
-                 "drain": self.drain_grace}
+                 "drain": self.drain_grace, "inputs": list(inputs)}
             )  # fmt: skip
+            pending.inputs = tuple(inputs)
         except (_Lost, _Refused, asyncssh.Error, OSError, TimeoutError) as exc:
             return Observation(
                 kind="command",
-                command=command,
+                command=said,
                 success=False,
                 error=f"could not start the command on {self.target.label}: {_reason(exc)}",
                 duration_s=anyio.current_time() - start,
@@ -738,7 +837,7 @@ class SSHExecutor(Closing):
                 if not pending.done.is_set():
                     await self._kill(launcher, pending)
                 launcher.forget(pending)
-        return self._observation(command, pending, launcher, timed_out, timeout, start)
+        return self._observation(said, pending, launcher, timed_out, timeout, start)
 
     # -- life cycle -----------------------------------------------------------------
     async def aclose(self) -> None:
@@ -1030,7 +1129,23 @@ class SSHExecutor(Closing):
             stdout=stdout,
             stderr=stderr,
             duration_s=anyio.current_time() - start,
+            inputs=tuple(
+                InputFile.model_validate({"argument": argument, **found})
+                for argument, found in zip(pending.inputs, reply.get("inputs") or (), strict=False)
+            ),
+            **_changes(reply),
         )
+
+
+def _changes(reply: Meta) -> dict[str, Any]:
+    """What the launcher said an action changed in the workdir, as observation fields."""
+    changes = reply.get("changes")
+    if not isinstance(changes, list):
+        return {"changes_complete": False}
+    return {
+        "changes": tuple(FileChange.model_validate(change) for change in changes),
+        "changes_complete": bool(reply.get("complete")),
+    }
 
 
 def _output(blobs: list[bytes], reply: Meta, which: int, cap: int) -> Output:

@@ -45,6 +45,25 @@ EVALUATE = (
 )
 
 
+def evaluation_ran(command: str) -> dict[str, Any]:
+    """The fields of an observation of ``command`` run as the evaluation it parses into
+    (as the runtime runs it: the program resolved to a file, its input identified), for
+    tests that hand the gate observations of their own making."""
+    from cmbs_async.evaluators import plain_words
+    from cmbs_async.protocol import InputFile, Program
+
+    words = plain_words(command)
+    assert words is not None
+    program = Program(name=words[0], path=f"/usr/local/bin/{words[0]}", sha256="0" * 64)
+    roles = {"-i": "input", "--input": "input", "-d": "file", "--data": "file"}
+    inputs = tuple(
+        InputFile(argument=word, role=roles[before], path=word, inode=7, sha256="c" * 64)  # type: ignore[arg-type]
+        for before, word in zip(words, words[1:], strict=False)
+        if before in roles
+    )
+    return {"argv": (program.path, *words[1:]), "program": program, "inputs": inputs}
+
+
 def demo_check() -> list[tuple[str, dict[str, Any]]]:
     """An honest check of the demo scenario as (action, payload) calls, the way its scripted
     agent makes it: a script of the agent's collects the setting into collected_data.json,

@@ -53,7 +53,9 @@ async def test_a_run_is_recorded_and_verifies(store: SQLiteAuditStore) -> None:
     # each decision is recorded after its step and before its observation
     assert kinds[1:5] == ["step", "decision", "step", "decision"]
     history = store.step_history(result.session_id, 10)
-    assert [r.kind for r in history.records] == ["step", "decision", "observation"]
+    # (an evaluation's provenance chain, where there is one, follows its observation)
+    kinds_10 = [r.kind for r in history.records if r.kind != "evidence"]
+    assert kinds_10 == ["step", "decision", "observation"]
     assert history.of_kind("observation")[0].data["stdout"]["head"] == "false\n"
     assert len(store.session_history(result.session_id)) == 12
     assert store.verify().intact
@@ -149,8 +151,13 @@ def recorded_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     db = folder / "audit.db"
     done = cmbs("demo", "--audit-db", str(db), "--signing-key", str(folder / "k"))
     assert done.returncode == 0, done.stderr
-    assert cmbs("audit", "verify", str(db)).returncode == 0
+    assert verify(db, recorded=db).returncode == 0
     return db
+
+
+def verify(db: Path, *, recorded: Path) -> subprocess.CompletedProcess[str]:
+    """``cmbs audit verify DB``, trusting the key that signed the ``recorded`` demo."""
+    return cmbs("audit", "verify", str(db), "--signing-key", str(recorded.parent / "k"))
 
 
 def _tamper(db: Path, sql: str, *args: object) -> None:
@@ -220,7 +227,7 @@ def test_tampering_is_found(tmp_path: Path, recorded_demo: Path, how: str, found
                 "UPDATE records SET body = ?, hash = ? WHERE seq = 3",
                 (body, hashlib.sha256(body.encode()).hexdigest()),
             )
-    checked = cmbs("audit", "verify", str(db))
+    checked = verify(db, recorded=recorded_demo)
     assert checked.returncode == 1, checked.stdout
     assert found in checked.stdout and "TAMPERED" in checked.stdout
 
@@ -234,8 +241,22 @@ def test_a_record_of_no_known_kind_is_refused_in_one_line(
     _tamper(db, """UPDATE records SET body = replace(body, '"kind":"step"', '"kind":"note"')""")
     shown = cmbs("audit", "show", str(db))
     assert shown.returncode == 2 and "Traceback" not in shown.stderr
-    assert shown.stderr.strip().endswith("is not an audit record; `cmbs audit verify` says which")
-    assert "TAMPERED" in cmbs("audit", "verify", str(db)).stdout
+    assert shown.stderr.count("\n") == 1 and "TAMPERED: session " in shown.stderr
+    assert shown.stderr.strip().endswith("`cmbs audit verify` lists every finding")
+    # re-hashed, the chain holds: the body is still not a record's (no key needed to see)
+    with sqlite3.connect(db) as conn:
+        for seq, body in conn.execute("SELECT seq, body FROM records ORDER BY seq").fetchall():
+            if '"kind":"note"' in body:
+                conn.execute(
+                    "UPDATE records SET hash = ?, kind = 'note' WHERE seq = ?",
+                    (hashlib.sha256(body.encode()).hexdigest(), seq),
+                )
+    session = cmbs("audit", "export", str(db), "--jsonl").stdout.split('"', 4)[3]
+    for command in (["audit", "show", str(db)], ["replay", str(db), session]):
+        shown = cmbs(*command)
+        assert shown.returncode == 2 and shown.stderr.count("\n") == 1, shown.stderr
+        assert "record 1: not of a record's shape ('note' is not a kind of record)" in shown.stderr
+    assert "TAMPERED" in verify(db, recorded=recorded_demo).stdout
 
 
 def test_a_run_killed_mid_way_loses_no_decision(tmp_path: Path) -> None:
@@ -292,7 +313,8 @@ def test_cli_show_export_replay_and_trusted_key(tmp_path: Path) -> None:
     assert "Posture declaration not permitted without successful execution." in shown.stdout
     assert "outcome  terminated" in shown.stdout
     lines = cmbs("audit", "export", str(db), "--jsonl").stdout.splitlines()
-    assert json.loads(lines[0])["kind"] == "session" and len(lines) == 32
+    evidence = sum(json.loads(line)["kind"] == "evidence" for line in lines)
+    assert json.loads(lines[0])["kind"] == "session" and len(lines) == 32 + evidence
     again = cmbs("replay", str(db), session)
     assert (
         again.returncode == 0 and "12 decision(s)" in again.stdout and "identical" in again.stdout

@@ -17,10 +17,9 @@ from typing import Any
 
 import anyio
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cmbs_async import CallableAgent, Outcome, ScenarioSpec, Turn, run_scenario
-from cmbs_async.audit import SQLiteAuditStore
+from cmbs_async.audit import SQLiteAuditStore, default_data_dir, load_or_create_key
 from cmbs_async.events import Events
 from executors import LocalExecutor
 
@@ -84,7 +83,9 @@ def locker(db: Path) -> Iterator[Locker]:
 
 def _store(db: Path) -> SQLiteAuditStore:
     # A busy timeout far past the deadline: only the run's own bound can end the wait.
-    return SQLiteAuditStore(db, key=Ed25519PrivateKey.generate(), busy_timeout=60)
+    # Signed with the operator's default key, the one `cmbs audit verify` trusts alone.
+    key = load_or_create_key(default_data_dir() / "signing_key")
+    return SQLiteAuditStore(db, key=key, busy_timeout=60)
 
 
 def _kinds(db: Path) -> list[tuple[str, int | None]]:

@@ -14,10 +14,20 @@ from pathlib import Path
 
 import pytest
 
-from cmbs_async.audit import Entry, RecordKind, SQLiteAuditStore, load_or_create_key
+from cmbs_async.audit import (
+    Entry,
+    RecordKind,
+    SQLiteAuditStore,
+    load_or_create_key,
+    public_key_text,
+)
+from cmbs_async.audit.log import key_id
 from executors.sandbox import find_bwrap
 
 from .helpers import CMBS, step
+
+#: The key that signed ``data/audit_trail_v0.db`` (its private half is not kept).
+V0_KEY = "PT4U7ELik7FANgtmxY1CInD3BEutThinMCK6p5Lz0w0="
 
 
 def cmbs(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -44,7 +54,11 @@ def run_into(db: Path, scenario: list[str], *extra: str) -> str:
 
 
 def verify(db: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return cmbs("audit", "verify", str(db), *extra)
+    """``cmbs audit verify DB``, trusting the key the ``scenario`` fixture signs with (the
+    one beside DB) unless ``extra`` names what to trust."""
+    trust = ("--public-key", "--signing-key", "--head")
+    pinned = [] if set(extra) & set(trust) else ["--signing-key", str(db.parent / "key")]
+    return cmbs("audit", "verify", str(db), *extra, *pinned)
 
 
 def test_a_checkpoint_proves_the_log_only_grew(tmp_path: Path, scenario: list[str]) -> None:
@@ -161,7 +175,7 @@ def test_reading_never_writes(tmp_path: Path, scenario: list[str]) -> None:
         Path(f"{db}{suffix}").unlink(missing_ok=True)
     read_only = [bwrap, "--dev-bind", "/", "/", "--ro-bind", str(tmp_path), str(tmp_path), "--"]
     for command in (
-        ["audit", "verify", str(db)],
+        ["audit", "verify", str(db), "--signing-key", str(tmp_path / "key")],
         ["audit", "show", str(db), session, "--full"],
         ["audit", "export", str(db), "--jsonl"],
         ["replay", str(db), session],
@@ -255,13 +269,25 @@ def test_a_trail_written_before_the_log_gets_one_when_written_again(tmp_path: Pa
     old = SQLiteAuditStore(db, read_only=True)
     assert old.verify().intact and old.log_state()[0] == 0
     old.close()
-    store = SQLiteAuditStore(db, key=load_or_create_key(tmp_path / "key"))
+    key = load_or_create_key(tmp_path / "key")
+    store = SQLiteAuditStore(db, key=key)
     try:
         records = sum(1 for _ in store.records())
         assert records > 0
         store.open_session("new", {"scenario": {"id": "n"}})
         store.append("new", [Entry(RecordKind.END, None, {"outcome": "x"})])
-        assert store.log_state()[0] == records + 2 and store.verify().intact
+        assert store.log_state()[0] == records + 2
+        # one log over sessions of two keys: no one key vouches for all of it
+        report = store.verify()
+        assert report.key == public_key_text(key) and report.pinned
+        assert [p.split(":")[0] for p in report.problems] == [
+            "session checkpoints",
+            "session demo",
+            "session reviewed",
+        ]
+        old = f"signed by key {key_id(V0_KEY)}, not the trusted key"
+        assert all(old in problem for problem in report.problems)
+        assert not store.verify(trusted_key=V0_KEY).intact  # the new session and the head
     finally:
         store.close()
 

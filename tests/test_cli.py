@@ -117,7 +117,7 @@ def test_an_invalid_scenario_file_is_one_line_and_exit_2(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--agent", "script:/nonexistent.jsonl"], "cannot read /nonexistent.jsonl"),
+        (["--agent", "script:/nonexistent.jsonl"], "/nonexistent.jsonl: cannot read"),
         (["--agent", "wizard:gpt"], "expected script:STEPS.jsonl, stdio:COMMAND or openai"),
         (["--agent", "openai:gpt"], "expected openai:MODEL@http(s)://"),
         (["--agent", "script:SCENARIO", "--var", "novalue"], "expected NAME=VALUE"),

@@ -27,13 +27,13 @@ from cmbs_async import (
 )
 from cmbs_async.protocol import EVIDENCE_ORDER, Posture
 
-from .helpers import step
+from .helpers import evaluation_ran, step
 
 PROFILE = load_profile("ciso")
 
 
 #: An evaluator the CISO profile admits, run as a plain command.
-EVALUATE = "opa eval --format raw data.check.result"
+EVALUATE = "opa eval --data p.rego --input in.json data.check.result --format raw"
 
 
 def ran(
@@ -46,6 +46,7 @@ def ran(
         exit_status=exit_status,
         program_found=(exit_status != 127) if found is None else found,
         stdout=Output(head=stdout, total_bytes=len(stdout)),
+        **(evaluation_ran(command) if command == EVALUATE else {}),
     )
 
 
@@ -251,10 +252,10 @@ def test_the_bookkeeping_stays_the_gates_whatever_the_rules() -> None:
     assert allowed.verdict is Verdict.ALLOW and not allowed.needs_execution
     assert gate.declared_posture == "non_compliant" and gate.final_posture == "non_compliant"
     assert gate.masks.evidence == "none"  # allowing a claim earns nothing
-    assert gate.decide(step("check_status", {"command": "x"})).needs_execution
+    assert gate.decide(step("check_status", {"command": EVALUATE})).needs_execution
     gate.observe(ran(1, "false\n"))
     assert gate.masks.evidence == "none"  # a failure earns nothing either
-    assert gate.decide(step("check_status", {"command": "x"})).needs_execution
+    assert gate.decide(step("check_status", {"command": EVALUATE})).needs_execution
     gate.observe(ran(0, "false\n"))
     assert gate.masks.view().evidence == "successful"
     assert gate.masks.posture_admissible == {"compliant": False, "non_compliant": True}

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cmbs_async import Masks, Observation, Output, load_profile
+from cmbs_async import Gate, Observation, Output, load_profile
 from cmbs_async.itbench import (
     APPENDIX,
     Kind,
@@ -31,7 +31,7 @@ from cmbs_async.itbench import (
     prepare_workdir,
 )
 
-from .helpers import CMBS, POLICY, processes_with, unique_seconds
+from .helpers import CMBS, POLICY, evaluation_ran, processes_with, step, unique_seconds
 from .sshd import ITBENCH_USER, LocalSshd, itbench_target, itbench_target_missing
 
 PACK = Path(__file__).parent.parent / "examples" / "ciso"
@@ -344,17 +344,13 @@ def test_kubernetes_goal_objects_load_and_prepare(kind: Kind, tmp_path: Path) ->
 def test_kubernetes_signals_on_captured_outputs(
     data: Path, sample: str, command: str, moves: bool
 ) -> None:
-    ciso = load_profile("ciso")
-    masks = Masks.for_profile(ciso)
-    masks.apply(
-        ciso.actions["generate_script"],
-        Observation(kind="artifact", path="fake.json", success=True),
-        ciso,
-        required=None,
-    )
+    """A captured real output moves a posture only as the evaluation the gate judged (run
+    as its argument vector: :func:`evaluation_ran` says so, as the runtime would)."""
+    gate = Gate(load_profile("ciso"))
+    decision = gate.decide(step("check_status", {"command": command}))
+    assert decision.needs_execution and (decision.evaluation is not None) is moves
     text = (data / sample).read_text()
-    masks.apply(
-        ciso.actions["check_status"],
+    gate.observe(
         Observation(
             kind="command",
             command=command,
@@ -362,12 +358,11 @@ def test_kubernetes_signals_on_captured_outputs(
             exit_status=0,
             program_found=True,
             stdout=Output(head=text, total_bytes=len(text)),
-        ),
-        ciso,
-        required=None,
+            **(evaluation_ran(command) if moves else {}),
+        )
     )
-    assert masks.posture_admissible["compliant"] is (not moves)
-    assert (masks.refused is None) is moves
+    assert gate.masks.posture_admissible["compliant"] is (not moves)
+    assert (gate.masks.refused is None) is moves
 
 
 def test_kubectl_opa_is_scored_against_the_evaluators_cluster(tmp_path: Path) -> None:

@@ -33,7 +33,11 @@ def _text(result: object) -> str:
     return "".join(getattr(block, "text", "") for block in content)
 
 
-async def test_an_mcp_client_is_supervised_call_by_call(tmp_path: Path) -> None:
+STRUCTURED = ("evaluate_policy", {"policy": "policy.rego", "input": "collected_data.json"})
+
+
+@pytest.mark.parametrize("structured", [False, True], ids=["command", "evaluate_policy"])
+async def test_an_mcp_client_is_supervised_call_by_call(tmp_path: Path, structured: bool) -> None:
     scenario = tmp_path / "demo.yaml"
     scenario.write_text((resources.files("cmbs_async.demo") / "scenario.yaml").read_text())
     async with (
@@ -52,7 +56,9 @@ async def test_an_mcp_client_is_supervised_call_by_call(tmp_path: Path) -> None:
         early = await client.call_tool("declare_posture", {"posture": "compliant"})
         assert early.is_error
         assert "Posture declaration not permitted without successful execution" in _text(early)
-        for action, payload in demo_check():
+        assert tools["evaluate_policy"].input_schema["required"] == ["input", "policy"]
+        calls = demo_check()
+        for action, payload in calls[:-1] + [STRUCTURED] if structured else calls:
             ran = await client.call_tool(action, payload)
             assert not ran.is_error and json.loads(_text(ran))["observation"]["success"]
         observed = json.loads(_text(ran))["observation"]

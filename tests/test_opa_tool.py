@@ -107,3 +107,14 @@ def test_v1_forms_that_look_alike_are_accepted(tmp_path: Path) -> None:
         tmp_path, "-d", "policy.rego", "-i", "in.json", "--format", "raw", "data.check.result"
     )
     assert (done.returncode, done.stdout) == (0, "true\n"), done.stderr
+
+
+@pytest.mark.parametrize("spelled", ["--input=--", "-i--", "-i=--"])
+def test_an_input_argparse_would_drop_is_a_usage_error(tmp_path: Path, spelled: str) -> None:
+    """argparse reads `--input=--` as no input at all: an evaluation with no input never
+    runs in its place."""
+    (tmp_path / "policy.rego").write_text(POLICY)
+    (tmp_path / "--").write_text(json.dumps({"x11_forwarding": "yes"}))
+    done = opa(tmp_path, "-d", "policy.rego", spelled, "--format", "raw", "data.check.result")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines()[-1] == "cmbs-opa: error: --input needs a file"

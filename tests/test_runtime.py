@@ -198,7 +198,7 @@ async def test_events_are_bound_to_scenario_and_step() -> None:
     assert len(observed) == 6  # two files written, four commands run
     refused = [e for e in events if e["event"] == Events.EVIDENCE_REFUSED]
     assert [(e["step"], e["reason"]) for e in refused] == [
-        (8, "opa_raw: 'echo' is not an evaluator")
+        (8, "opa_raw: not one of the signal's evaluators, run as its argument vector")
     ]
     finished = [e for e in events if e["event"] == Events.SCENARIO_FINISHED]
     assert finished[0]["outcome"] == "terminated"

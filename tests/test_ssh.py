@@ -108,6 +108,36 @@ async def test_a_whole_scenario_runs_over_ssh(executor: SSHExecutor) -> None:
     assert result.trace[9].observed == "exit 0: false"
 
 
+async def test_over_ssh_what_ran_is_the_evaluation_and_a_copy_of_the_agents_file_earns_nothing(
+    executor: SSHExecutor,
+) -> None:
+    from .test_provenance import CLAIM, FABRICATIONS, SPEC
+
+    path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+    env = CommandEnv(values={"PATH": path})
+    workdir = await executor.prepare(None, {"a.json": "{}"}, env=env)
+    try:
+        program = await executor.resolve_program(workdir, "cmbs-opa", env=env)
+        assert program is not None and program.path == str(Path(sys.executable).parent / "cmbs-opa")
+        copied = await executor.run_command(workdir, "cp a.json b.json", timeout=10)
+        assert [(c.path, c.change) for c in copied.changes] == [("b.json", "created")]
+        ran = await executor.run_program(
+            workdir, [program.path, "eval", "-i", "b.json", "--format", "raw", "input"],
+            timeout=10, inputs=["b.json", "../x"],
+        )  # fmt: skip
+        assert ran.argv is not None and ran.argv[0] == program.path and ran.stdout.text == "{}\n"
+        assert ran.inputs[0].sha256 == copied.changes[0].sha256
+        assert ran.inputs[1].outside == "a path that leaves the workdir"
+    finally:
+        await executor.cleanup(workdir)
+    spec = SPEC.model_copy(update={"env": {"PATH": path}})
+    result = await run_scenario(
+        spec, agent=ScriptedAgent(FABRICATIONS["cp"] + CLAIM), executor=executor
+    )
+    assert result.posture is None and result.masks is not None
+    assert result.masks.posture_admissible == {"compliant": True, "non_compliant": True}
+
+
 async def test_prepare_proves_the_sandbox_with_its_canary(executor: SSHExecutor) -> None:
     workdir = await executor.prepare(None, {}, env=CommandEnv(network="none"))
     try:

@@ -31,39 +31,54 @@ def action_tools(
     reply into what the framework hands the model, or raises the framework's error for a
     refusal (by default :func:`answer`, which says everything as JSON)."""
     return [
-        ActionTool(name, spec.description, _function(session, name, spec.kind, render or answer))
+        ActionTool(name, spec.description, _function(session, name, render or answer))
         for name, spec in sorted(session.profile.actions.items())
     ]
 
 
-def _function(
-    session: Session, name: str, kind: Any, render: Callable[[StepReply], str]
-) -> Callable[..., Awaitable[str]]:
-    model = PAYLOAD_MODELS[kind]
+def _parameters(session: Session, name: str) -> list[inspect.Parameter]:
+    """An action's payload fields as keyword-only parameters (an evaluation's: the values
+    its evaluator takes, each a string)."""
+    spec = session.profile.actions[name]
+    if spec.evaluator is not None:
+        schema = session.profile.evaluators[spec.evaluator].payload_schema()
+        return [
+            inspect.Parameter(
+                key,
+                inspect.Parameter.KEYWORD_ONLY,
+                annotation=str if key in schema["required"] else str | None,
+                default=inspect.Parameter.empty if key in schema["required"] else None,
+            )
+            for key in schema["properties"]
+        ]
+    return [
+        inspect.Parameter(
+            field,
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=info.annotation,
+            default=inspect.Parameter.empty if info.is_required() else info.default,
+        )
+        for field, info in PAYLOAD_MODELS[spec.kind].model_fields.items()
+    ]
 
+
+def _function(
+    session: Session, name: str, render: Callable[[StepReply], str]
+) -> Callable[..., Awaitable[str]]:
     async def call(**payload: Any) -> str:
+        payload = {key: value for key, value in payload.items() if value is not None}
         try:
             reply = await session.step(name, payload)
         except SessionEnded as exc:  # refused like any step: the model is told why
             reply = StepReply(verdict=Verdict.BLOCK, message=str(exc), result=exc.result)
         return render(reply)
 
-    fields = model.model_fields
+    parameters = _parameters(session, name)
     call.__name__ = name
     call.__doc__ = session.profile.actions[name].description
-    call.__annotations__ = {field: info.annotation for field, info in fields.items()}
-    call.__annotations__["return"] = str
+    call.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": str}
     call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [
-            inspect.Parameter(
-                field,
-                inspect.Parameter.KEYWORD_ONLY,
-                annotation=info.annotation,
-                default=inspect.Parameter.empty if info.is_required() else info.default,
-            )
-            for field, info in fields.items()
-        ],
-        return_annotation=str,
+        parameters, return_annotation=str
     )
     return call
 

@@ -18,7 +18,7 @@ import httpx
 from .._chat import ChatEndpoint, completion_content
 from .._closing import Closing
 from .._errors import CmbsError
-from ..profile import Profile, load_profile
+from ..profile import ActionSpec, Profile, load_profile
 from ..protocol import Turn
 from .base import AgentMessage
 
@@ -115,10 +115,17 @@ class OpenAIAgent(Closing):
             raise ValueError(f"expected openai:MODEL@http(s)://HOST[:PORT]/v1, got {spec!r}")
         return cls(model=model, base_url=base_url, **options)
 
+    def _payload(self, spec: ActionSpec) -> str:
+        """What an action's payload looks like (an evaluation: its evaluator's values)."""
+        if spec.evaluator is not None:
+            wanted = self.profile.evaluators[spec.evaluator].payload_schema()["required"]
+            return json.dumps(dict.fromkeys(wanted, "relative/file"))
+        return _PAYLOADS[spec.kind.value]
+
     def messages(self, turn: Turn) -> list[dict[str, str]]:
         """The chat sent for ``turn``."""
         actions = "\n".join(
-            f"- {name}: {spec.description or spec.kind.value}; payload {_PAYLOADS[spec.kind.value]}"
+            f"- {name}: {spec.description or spec.kind.value}; payload {self._payload(spec)}"
             for name, spec in self.profile.actions.items()
         )
         user = [f"GOAL:\n{turn.goal}", f"STEP: {turn.step}"]
@@ -194,6 +201,8 @@ class OpenAIAgent(Closing):
             raise ModelEndpointError(
                 f"the model endpoint is unreachable: {type(exc).__name__}"
             ) from None
+        except httpx.DecodingError as exc:  # a reply over the cap, or one not decodable
+            raise ModelEndpointError(f"the model endpoint's reply: {exc}") from None
 
     async def aclose(self) -> None:
         """Close the HTTP client if it is the agent's own; safe to call twice."""
@@ -208,15 +217,21 @@ def _content(reply: httpx.Response) -> str:
     return text if isinstance(text, str) else json.dumps(text)
 
 
+#: Keys a constrained decoder is better without: the size caps (the gate enforces them)
+#: become grammars of a million repetitions, which crash llama.cpp's server.
+_UNSENT = ("$defs", "title", "maxLength")
+
+
 def _inline(schema: dict[str, Any]) -> dict[str, Any]:
-    """The schema with every ``$ref`` replaced by its definition (some servers need it)."""
+    """The schema with every ``$ref`` replaced by its definition (some servers need it),
+    without the size caps."""
     definitions = schema.get("$defs", {})
 
     def resolve(node: Any) -> Any:
         if isinstance(node, dict):
             if "$ref" in node:
                 return resolve(definitions[node["$ref"].rsplit("/", 1)[-1]])
-            return {k: resolve(v) for k, v in node.items() if k not in ("$defs", "title")}
+            return {k: resolve(v) for k, v in node.items() if k not in _UNSENT}
         if isinstance(node, list):
             return [resolve(item) for item in node]
         return node

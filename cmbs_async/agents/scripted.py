@@ -6,10 +6,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .._closing import Closing
+from .._reading import read_text
 from ..protocol import Turn
 from .base import AgentMessage
 
-__all__ = ["ScriptedAgent"]
+__all__ = ["STEPS_MAX_BYTES", "ScriptedAgent"]
+
+#: The largest steps file read (each step is bounded again when the run takes it).
+STEPS_MAX_BYTES = 64 * 1024 * 1024
 
 
 class ScriptedAgent(Closing):
@@ -25,9 +29,10 @@ class ScriptedAgent(Closing):
         self._next = 0
 
     @classmethod
-    def from_jsonl(cls, path: str | Path) -> ScriptedAgent:
-        """Load a script; ``OSError`` / ``UnicodeDecodeError`` if it cannot be read."""
-        text = Path(path).read_text("utf-8")
+    def from_jsonl(cls, path: str | Path, *, max_bytes: int = STEPS_MAX_BYTES) -> ScriptedAgent:
+        """Load a script of at most ``max_bytes``; :class:`~cmbs_async.ReadError` (one
+        line naming the file: unreadable, too large, not UTF-8) if it cannot be."""
+        text = read_text(path, what="a steps file", max_bytes=max_bytes)
         return cls(line for line in text.splitlines() if line.strip())
 
     @property

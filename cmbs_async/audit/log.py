@@ -22,14 +22,28 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from .._reading import json_depth_error
 from .signing import canonical, load_public_key, public_key_text, sign, verify_signature
 from .store import AuditError
 
-__all__ = ["GENESIS", "CheckpointError", "chain", "make_checkpoint", "read_checkpoint"]
+__all__ = [
+    "CHECKPOINT_MAX_BYTES",
+    "CHECKPOINT_MAX_DEPTH",
+    "GENESIS",
+    "CheckpointError",
+    "chain",
+    "key_id",
+    "make_checkpoint",
+    "read_checkpoint",
+]
 
 #: The root of the empty log (and the ``prev`` of a session's first record).
 GENESIS = "0" * 64
 _FIELDS = ("size", "root", "time", "key_id", "public_key")
+#: A checkpoint is one flat object: what nests deeper than this is not one.
+CHECKPOINT_MAX_DEPTH = 8
+#: ... and it is a few hundred bytes: the cap for reading a checkpoint file.
+CHECKPOINT_MAX_BYTES = 64 * 1024
 
 
 class CheckpointError(AuditError):
@@ -61,17 +75,26 @@ def make_checkpoint(key: Ed25519PrivateKey, size: int, root: str) -> dict[str, A
     return body | {"signature": sign(key, canonical(body))}
 
 
-def read_checkpoint(text: str, *, trusted_key: str | None = None) -> dict[str, Any]:
-    """A checkpoint from its JSON text, its signature checked (and its key, if trusted)."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        raise CheckpointError("not a checkpoint (not JSON)") from None
+def read_checkpoint(text: str | object, *, trusted_key: str | None = None) -> dict[str, Any]:
+    """A checkpoint from its JSON text (or that text already parsed, as
+    :func:`cmbs_async._reading.read_json` reads a file), its signature checked (and its
+    key, if trusted). Text nested deeper than a checkpoint can be is refused unparsed."""
+    data = text
+    if isinstance(text, str):
+        if json_depth_error(text, CHECKPOINT_MAX_DEPTH):
+            raise CheckpointError(f"not a checkpoint (nested deeper than {CHECKPOINT_MAX_DEPTH})")
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise CheckpointError("not a checkpoint (not JSON)") from None
     if not isinstance(data, Mapping) or any(name not in data for name in (*_FIELDS, "signature")):
         raise CheckpointError(f"not a checkpoint (it needs {', '.join(_FIELDS)} and a signature)")
     body = {name: data[name] for name in _FIELDS}
-    if not isinstance(body["size"], int) or body["size"] < 0 or not isinstance(body["root"], str):
-        raise CheckpointError("not a checkpoint (size and root are malformed)")
+    size = body["size"]
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise CheckpointError("not a checkpoint (its size is not a count)")
+    if not all(isinstance(data[name], str) for name in ("root", "public_key", "signature")):
+        raise CheckpointError("not a checkpoint (root, public_key and signature are text)")
     if trusted_key is not None and body["public_key"] != trusted_key:
         raise CheckpointError("the checkpoint is signed by a key other than the trusted one")
     try:

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -25,6 +25,7 @@ __all__ = [
     "load_key",
     "load_or_create_key",
     "load_public_key",
+    "normal_public_key",
     "public_key_text",
     "sign",
     "verify_signature",
@@ -127,6 +128,25 @@ def load_public_key(text: str) -> Ed25519PublicKey:
         return Ed25519PublicKey.from_public_bytes(base64.b64decode(text, validate=True))
     except (ValueError, TypeError) as exc:
         raise ValueError(f"invalid key {text[:60]!r}: not a base64 Ed25519 public key") from exc
+
+
+def normal_public_key(text: str) -> str:
+    """An Ed25519 public key given as base64 (as ``cmbs audit key`` prints it) or as a PEM
+    ``PUBLIC KEY`` block, in the form the audit trail stores (base64 of the raw 32 bytes);
+    ``ValueError`` for anything else."""
+    text = text.strip()
+    if text.startswith("-----BEGIN"):
+        try:
+            loaded = serialization.load_pem_public_key(text.encode())
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+            raise ValueError("invalid key: a PEM block that is not a public key") from exc
+        if not isinstance(loaded, Ed25519PublicKey):
+            raise ValueError("invalid key: a PEM public key that is not an Ed25519 key")
+        public = loaded
+    else:
+        public = load_public_key(text)
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return base64.b64encode(raw).decode()
 
 
 def verify_signature(public: Ed25519PublicKey, signature: str, data: bytes) -> bool:

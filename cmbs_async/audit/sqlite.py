@@ -27,7 +27,8 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import ValidationError
 
-from .log import GENESIS, chain, log_head_bytes, make_checkpoint
+from .log import GENESIS, chain, key_id, log_head_bytes, make_checkpoint
+from .shape import body_problem
 from .signing import canonical, digest, load_public_key, public_key_text, sign, verify_signature
 from .store import AuditError, AuditRecord, Entry, RecordKind, StepHistory
 
@@ -69,13 +70,53 @@ CREATE TABLE IF NOT EXISTS log_head (
 """
 
 
+#: The tables the store makes; ``log`` and ``log_head`` are absent from a database
+#: written before the log existed (both, or it is not one).
+_TABLES = ("sessions", "records", "log", "log_head")
+_RECORD_ROWS = (
+    "SELECT session_id, seq, kind, step, body, hash, signature FROM records "
+    "ORDER BY session_id, seq"
+)
+#: What each column of a row read back must be: Python types, ``None`` where allowed.
+_ROW_TYPES: dict[str, tuple[tuple[type, ...], ...]] = {
+    "sessions": ((str,), (str,), (int,), (str,), (str,)),
+    "records": ((str,), (int,), (str,), (int, type(None)), (str,), (str,), (str,)),
+    "log": ((int,), (str,), (int,), (str,)),
+    "log_head": ((int,), (str,), (str,), (str,)),
+}
+_COLUMNS = {
+    "sessions": ("session_id", "public_key", "head_seq", "head_hash", "head_signature"),
+    "records": ("session_id", "seq", "kind", "step", "body", "hash", "signature"),
+    "log": ("pos", "session_id", "seq", "root"),
+    "log_head": ("size", "root", "public_key", "signature"),
+}
+_SQL_TYPES = {str: "'text'", int: "'integer'", type(None): "'null'"}
+#: ``SELECT 1`` if any row of the table holds a value of a type :data:`_ROW_TYPES` forbids.
+_MISTYPED = {
+    table: f"SELECT 1 FROM {table} WHERE NOT ("  # noqa: S608 - the names are ours
+    + " AND ".join(
+        f"typeof({column}) IN ({', '.join(_SQL_TYPES[kind] for kind in allowed)})"
+        for column, allowed in zip(_COLUMNS[table], _ROW_TYPES[table], strict=True)
+    )
+    + ") LIMIT 1"
+    for table in _ROW_TYPES
+}
+
+
 @dataclass(frozen=True)
 class VerifyReport:
-    """What ``verify`` found: no problems means intact."""
+    """What ``verify`` found: no problems means intact.
+
+    ``key`` is the public key every session and the log head were required to be signed
+    by; ``pinned`` says it was given from outside the database (a trusted key, a
+    checkpoint's, the store's own signing key) rather than taken from its log head.
+    """
 
     sessions: int
     records: int
     problems: tuple[str, ...]
+    key: str | None = None
+    pinned: bool = False
 
     @property
     def intact(self) -> bool:
@@ -257,6 +298,8 @@ class SQLiteAuditStore:
         for (session_id,) in self._query("SELECT session_id FROM sessions ORDER BY rowid"):
             records = list(self.records(session_id))
             first = records[0].data if records else {}
+            if not isinstance(first.get("scenario", {}), dict):
+                first = {}  # not what a session record holds: `show` says so
             end = next((r for r in reversed(records) if r.kind is RecordKind.END), None)
             result.append(
                 {
@@ -268,6 +311,11 @@ class SQLiteAuditStore:
                 }
             )
         return result
+
+    def session_ids(self) -> list[str]:
+        """Every session's id, in the order they were opened (nothing else is read)."""
+        rows = self._query("SELECT session_id FROM sessions ORDER BY rowid")
+        return [str(session_id) for (session_id,) in rows]
 
     def records(self, session_id: str | None = None) -> Iterator[AuditRecord]:
         """Records in order (one session, or all sessions one after the other)."""
@@ -288,10 +336,7 @@ class SQLiteAuditStore:
 
     def raw_rows(self) -> list[tuple[Any, ...]]:
         """Every stored row as it is, for export."""
-        return self._query(
-            "SELECT session_id, seq, kind, step, body, hash, signature FROM records "
-            "ORDER BY session_id, seq"
-        )
+        return self._query(_RECORD_ROWS)
 
     def step_history(self, session_id: str, step: int) -> StepHistory:
         records = tuple(r for r in self.records(session_id) if r.step == step)
@@ -318,39 +363,145 @@ class SQLiteAuditStore:
     def verify(
         self, *, trusted_key: str | None = None, checkpoint: dict[str, Any] | None = None
     ) -> VerifyReport:
-        """Check every session's chain, signatures and signed head, and the log over them.
+        """Check the tables against the schema, every record's shape, every session's
+        chain, signatures and signed head, and the log over them: all signed by one key.
 
-        With ``trusted_key`` (base64 Ed25519 public key) every session must be signed by
-        it; otherwise each session is checked against the key its first record names.
+        That key is ``trusted_key`` (base64 Ed25519 public key) if given, else the
+        ``checkpoint``'s, else this store's own signing key. A store opened without a key
+        and given none takes its log head's key (or, before the log, its first session's):
+        that proves one key signed everything, not whose key it was; only a key given from
+        outside the database proves that (``VerifyReport.pinned``).
         With a ``checkpoint`` (see :meth:`checkpoint`, its signature already checked), the
         log must still hold exactly what it covered; those records' own signatures are
         then not checked again, since the signed root already binds their hashes.
         """
-        heads = {
-            row[0]: row
-            for row in self._query(
-                "SELECT session_id, public_key, head_seq, head_hash, head_signature FROM sessions"
-            )
-        }
-        rows = self.raw_rows()
+        problems = self.structure_problems()
+        try:
+            return self._verify(problems, trusted_key, checkpoint)
+        except AuditError as exc:
+            if not problems:
+                raise
+            unread = f"the tables cannot be read as the store's ({_cause(exc)}): rebuilt"
+            pinned = trusted_key is not None
+            return VerifyReport(0, 0, (*problems, unread), key=trusted_key, pinned=pinned)
+
+    def _verify(
+        self, problems: list[str], trusted_key: str | None, checkpoint: dict[str, Any] | None
+    ) -> VerifyReport:
+        sessions = self._typed(
+            "sessions",
+            "SELECT session_id, public_key, head_seq, head_hash, head_signature FROM sessions "
+            "ORDER BY rowid",
+            problems,
+        )
+        rows = self._typed("records", _RECORD_ROWS, problems)
         log = self._log_rows()
-        problems = _verify_log(rows, log, self._log_head(), trusted_key, checkpoint)
+        if log is not None:
+            positions: dict[int, tuple[Any, ...]] = {}
+            for entry in self._well_typed("log", log, problems):
+                positions.setdefault(entry[0], entry)  # a duplicate is a finding already
+            log = list(positions.values())
+        head = self._log_head()
+        if head is not None and not _typed_rows("log_head", [head], problems):
+            head = None
+        heads: dict[str, tuple[Any, ...]] = {}
+        for row in sessions:
+            heads.setdefault(row[0], row)  # a duplicate is a finding already
+        key, pinned = trusted_key, trusted_key is not None
+        if key is None and checkpoint is not None:
+            key, pinned = str(checkpoint["public_key"]), True
+        if key is None and self._public is not None:
+            key, pinned = self._public, True
+        if key is None and head is not None:  # only the database names one: then at
+            key = str(head[2])  # least one key must have signed it all
+        elif key is None and heads:
+            key = str(next(iter(heads.values()))[1])
+        whose = "the trusted key" if pinned else "the log head's key"
+        problems += _verify_log(rows, log, head, key, whose, checkpoint)
         covered: dict[str, int] = {}
         if checkpoint is not None and log is not None:
             for _, session_id, _, _ in log[: checkpoint["size"]]:
                 covered[session_id] = covered.get(session_id, 0) + 1
-        grouped: dict[str, list[tuple[Any, ...]]] = {}
+        grouped: dict[str, dict[int, tuple[Any, ...]]] = {}
         for row in rows:
-            grouped.setdefault(str(row[0]), []).append(row)
+            grouped.setdefault(row[0], {}).setdefault(row[1], row)  # duplicates: found above
         for session_id in sorted(set(grouped) | set(heads)):
             problems += _verify_session(
                 session_id,
-                grouped.get(session_id, []),
+                list(grouped.get(session_id, {}).values()),
                 heads.get(session_id),
-                trusted_key,
+                key,
+                whose,
                 signed_from=covered.get(session_id, 0),
             )
-        return VerifyReport(sessions=len(heads), records=len(rows), problems=tuple(problems))
+        return VerifyReport(
+            sessions=len(heads),
+            records=len(rows),
+            problems=tuple(problems),
+            key=key,
+            pinned=pinned,
+        )
+
+    def structure_problems(self) -> list[str]:
+        """Findings that need no key, one line each: tables whose columns, keys or
+        constraints differ from the schema the store makes, triggers it never makes, and
+        rows its keys forbid (a session, a record or a log position twice).
+        ``cmbs audit show`` and ``cmbs replay`` refuse a database with any."""
+        with self._lock:
+            try:
+                return _structure_problems(self._db)
+            except sqlite3.Error as exc:
+                raise AuditError(f"cannot read audit database {self.path}: {exc}") from exc
+
+    def integrity_problems(self, session_id: str | None = None) -> list[str]:
+        """What ``verify`` finds without a key: :meth:`structure_problems`, and every
+        session's (or one session's) chain: each record's hash, order, columns and shape,
+        and where its head says it ends. Cheap (no signature is checked), so ``show`` and
+        ``replay`` run it first; an edit that is re-hashed passes it, and only a key
+        catches that (``verify``)."""
+        problems = self.structure_problems()
+        try:
+            return self._integrity(problems, session_id)
+        except AuditError as exc:
+            if not problems:
+                raise
+            return [*problems, f"the tables cannot be read as the store's ({_cause(exc)}): rebuilt"]
+
+    def _integrity(self, problems: list[str], session_id: str | None) -> list[str]:
+        sessions = self._typed(
+            "sessions",
+            "SELECT session_id, public_key, head_seq, head_hash, head_signature FROM sessions "
+            "ORDER BY rowid",
+            problems,
+        )
+        if session_id is None:
+            rows = self._typed("records", _RECORD_ROWS, problems)
+        else:
+            sql = _RECORD_ROWS.replace("ORDER BY", "WHERE session_id = ? ORDER BY")
+            rows = self._well_typed("records", self._query(sql, (session_id,)), problems)
+            sessions = [row for row in sessions if row[0] == session_id]
+        heads: dict[str, tuple[Any, ...]] = {}
+        for row in sessions:
+            heads.setdefault(row[0], row)
+        grouped: dict[str, dict[int, tuple[Any, ...]]] = {}
+        for row in rows:
+            grouped.setdefault(row[0], {}).setdefault(row[1], row)
+        for name in sorted(set(grouped) | set(heads)):
+            rows_of = list(grouped.get(name, {}).values())
+            problems += _verify_session(name, rows_of, heads.get(name), None, "", signatures=False)
+        return problems
+
+    def _typed(self, table: str, sql: str, problems: list[str]) -> list[tuple[Any, ...]]:
+        return self._well_typed(table, self._query(sql), problems)
+
+    def _well_typed(
+        self, table: str, rows: list[tuple[Any, ...]], problems: list[str]
+    ) -> list[tuple[Any, ...]]:
+        """``rows`` of ``table`` whose values are of their columns' types (a finding for
+        each other); SQLite tells at once when all are, as they are but for tampering."""
+        if not self._query(_MISTYPED[table]):
+            return rows
+        return _typed_rows(table, rows, problems)
 
     def _log_rows(self) -> list[tuple[Any, ...]] | None:
         """The log in order, or ``None`` for a database written before it existed."""
@@ -434,15 +585,174 @@ def _head_bytes(session_id: str, seq: int, hash_: str) -> bytes:
     return canonical({"head": session_id, "seq": seq, "hash": hash_})
 
 
+@dataclass(frozen=True)
+class _TableShape:
+    """A table as SQLite describes it: what the schema comparison compares."""
+
+    columns: tuple[tuple[Any, ...], ...]  # name, declared type, not null, default, pk
+    primary_key: tuple[str, ...]
+    unique: frozenset[tuple[str, ...]]  # the column sets of its unique indexes
+    sql: str  # its definition, white space and case aside
+
+
+def _table_shape(db: sqlite3.Connection, name: str, sql: str) -> _TableShape:
+    columns = tuple(
+        (column, str(kind).upper(), bool(not_null), default, pk)
+        for column, kind, not_null, default, pk in db.execute(
+            'SELECT name, type, "notnull", dflt_value, pk FROM pragma_table_info(?) ORDER BY cid',
+            (name,),
+        )
+    )
+    unique = set()
+    for index, is_unique, partial in db.execute(
+        'SELECT name, "unique", partial FROM pragma_index_list(?)', (name,)
+    ):
+        if is_unique and not partial:
+            found = db.execute("SELECT name FROM pragma_index_info(?) ORDER BY seqno", (index,))
+            unique.add(tuple(str(row[0]) for row in found))
+    keyed = sorted((pk, column) for column, _, _, _, pk in columns if pk)
+    normal = "".join(str(sql).split()).lower().replace("ifnotexists", "")
+    return _TableShape(columns, tuple(c for _, c in keyed), frozenset(unique), normal)
+
+
+def _schema_shapes() -> dict[str, _TableShape]:
+    """Each table as the store makes it (from :data:`_SCHEMA`, in memory)."""
+    db = sqlite3.connect(":memory:")
+    try:
+        db.executescript(_SCHEMA)
+        made = db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall()
+        return {name: _table_shape(db, name, sql) for name, sql in made}
+    finally:
+        db.close()
+
+
+_EXPECTED = _schema_shapes()
+#: Rows the schema's keys forbid, and how each is reported.
+_DUPLICATES = (
+    (
+        "sessions",
+        "SELECT session_id, COUNT(*) FROM sessions GROUP BY session_id HAVING COUNT(*) > 1",
+        "session {0} is in the sessions table {1} times: duplicated",
+    ),
+    (
+        "records",
+        "SELECT session_id, seq, COUNT(*) FROM records GROUP BY session_id, seq "
+        "HAVING COUNT(*) > 1",
+        "session {0} record {1} is there {2} times: duplicated",
+    ),
+    (
+        "log",
+        "SELECT pos, COUNT(*) FROM log GROUP BY pos HAVING COUNT(*) > 1",
+        "log position {0} is there {1} times: duplicated",
+    ),
+    (
+        "log",
+        "SELECT session_id, seq, COUNT(*) FROM log GROUP BY session_id, seq HAVING COUNT(*) > 1",
+        "session {0} record {1} is in the log {2} times: duplicated",
+    ),
+    (
+        "log_head",
+        "SELECT COUNT(*) FROM log_head HAVING COUNT(*) > 1",
+        "the log head is there {0} times: duplicated",
+    ),
+)
+
+
+def _structure_problems(db: sqlite3.Connection) -> list[str]:
+    """The tables against the schema, and rows its keys forbid (see
+    :meth:`SQLiteAuditStore.structure_problems`)."""
+    found = {
+        str(name): (str(kind), sql)
+        for kind, name, sql in db.execute(
+            "SELECT type, name, sql FROM sqlite_master WHERE name IN (?, ?, ?, ?)", _TABLES
+        )
+    }
+    problems = []
+    tables = []
+    for name in _TABLES:
+        if name not in found:
+            if name in ("sessions", "records"):
+                problems.append(f"the schema: table {name} is missing: removed")
+            continue
+        kind, sql = found[name]
+        if kind != "table":
+            problems.append(f"the schema: {name} is a {kind}, not a table: replaced")
+            continue
+        tables.append(name)
+        difference = _table_difference(_EXPECTED[name], _table_shape(db, name, str(sql)))
+        if difference:
+            problems.append(f"the schema: table {name} {difference}: rebuilt")
+    if ("log" in found) != ("log_head" in found):
+        gone, there = ("log", "log_head") if "log" not in found else ("log_head", "log")
+        problems.append(f"the schema: table {gone} is missing, {there} is there: removed")
+    for name, table in db.execute(
+        "SELECT name, tbl_name FROM sqlite_master WHERE type = 'trigger' ORDER BY name"
+    ):
+        problems.append(f"the schema: trigger {name!r} on {table!r} is not the store's: added")
+    for table, sql, message in _DUPLICATES:
+        if table in tables:
+            problems += [message.format(*row) for row in db.execute(sql)]
+    return problems
+
+
+def _table_difference(expected: _TableShape, actual: _TableShape) -> str | None:
+    """How a table differs from the schema's, or ``None``."""
+    if actual.primary_key != expected.primary_key:
+        if not actual.primary_key:
+            return f"has no primary key (the schema's is {', '.join(expected.primary_key)})"
+        return f"has primary key {', '.join(actual.primary_key)}, not the schema's"
+    if actual.columns != expected.columns:
+        names = [column[0] for column in actual.columns]
+        wanted = [column[0] for column in expected.columns]
+        if names != wanted:
+            return f"has columns {', '.join(map(str, names))}, not {', '.join(wanted)}"
+        return "has columns of other types or constraints than the schema's"
+    if actual.unique != expected.unique:
+        return "has other unique constraints than the schema's"
+    if actual.sql != expected.sql:
+        return "is defined otherwise than the schema (its constraints differ)"
+    return None
+
+
+def _cause(exc: AuditError) -> str:
+    """What SQLite said, without the path (``no such column: signature``)."""
+    cause = exc.__cause__
+    return str(cause) if cause is not None else str(exc)
+
+
+def _typed_rows(
+    table: str, rows: Sequence[tuple[Any, ...]], problems: list[str]
+) -> list[tuple[Any, ...]]:
+    """The rows whose columns hold what the schema says; a finding for each other."""
+    types = _ROW_TYPES[table]
+    good = []
+    for row in rows:
+        if len(row) == len(types) and all(
+            isinstance(value, allowed) for value, allowed in zip(row, types, strict=True)
+        ):
+            good.append(row)
+            continue
+        where = {
+            "sessions": f"session {row[0]}: its sessions row",
+            "records": f"session {row[0]} record {row[1]}",
+            "log": f"log position {row[0]}",
+            "log_head": "the log head",
+        }[table]
+        problems.append(f"{where}: a column holds a value of the wrong type: edited")
+    return good
+
+
 def _verify_log(
     records: list[tuple[Any, ...]],
     log: list[tuple[Any, ...]] | None,
     head: tuple[Any, ...] | None,
-    trusted_key: str | None,
+    key: str | None,
+    whose: str,
     checkpoint: dict[str, Any] | None,
 ) -> list[str]:
     """The log holds every record once, in an order its roots and signed head vouch for,
-    and (with a checkpoint) the first ``size`` records that checkpoint covered.
+    and (with a checkpoint) the first ``size`` records that checkpoint covered; its head
+    is signed by ``key`` (``whose`` it is, for the finding).
 
     A database written before the log existed has none and passes, unless one of its
     sessions says, in its signed first record, that it was written into a log.
@@ -479,24 +789,27 @@ def _verify_log(
     if hashes:
         session_id, seq = min(hashes)
         return [f"session {session_id} record {seq} is not in the log: inserted"]
-    return _verify_log_head(head, len(log), root, trusted_key)
+    return _verify_log_head(head, len(log), root, key, whose)
 
 
 def _says_logged(body: str) -> bool:
     try:
         return json.loads(body).get("data", {}).get("log") is True
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return False  # not a record: the session's own check says so
 
 
 def _verify_log_head(
-    head: tuple[Any, ...] | None, size: int, root: str, trusted_key: str | None
+    head: tuple[Any, ...] | None, size: int, root: str, key: str | None, whose: str
 ) -> list[str]:
     if head is None:
         return [] if size == 0 else ["the log's signed head is missing: deleted"]
     head_size, head_root, key_text, signature = head
-    if trusted_key is not None and key_text != trusted_key:
-        return ["the log's head is signed by a key other than the trusted one"]
+    if key is not None and key_text != key:
+        return [
+            f"the log's head is signed by key {key_id(key_text)}, not {whose} {key_id(key)}: "
+            "the log was rebuilt or replaced"
+        ]
     try:
         public = load_public_key(str(key_text))
     except ValueError:
@@ -515,36 +828,53 @@ def _verify_session(
     session_id: str,
     rows: list[tuple[Any, ...]],
     head: tuple[Any, ...] | None,
-    trusted_key: str | None,
+    key: str | None,
+    whose: str,
     *,
     signed_from: int = 0,
+    signatures: bool = True,
 ) -> list[str]:
-    """One session's chain; record signatures below ``signed_from`` are vouched for by a
-    checkpoint and not checked again."""
+    """One session's chain, every record of a record's shape, all signed by ``key``
+    (``whose`` it is, for the finding); record signatures below ``signed_from`` are
+    vouched for by a checkpoint and not checked again. Without ``signatures``, what
+    needs no key: hashes, order, shapes and the head's place."""
     where = f"session {session_id}"
     if head is None:
         return [f"{where}: records without a session entry"]
     key_text = str(head[1])
-    if trusted_key is not None and key_text != trusted_key:
-        return [f"{where}: signed by a key other than the trusted one"]
-    try:
-        public: Ed25519PublicKey = load_public_key(key_text)
-    except ValueError:
-        return [f"{where}: the session's public key is not valid"]
+    public: Ed25519PublicKey | None = None
+    if signatures and key is not None and key_text != key:
+        return [
+            f"{where}: signed by key {key_id(key_text)}, not {whose} {key_id(key)}: "
+            "re-signed or written by another key"
+        ]
+    if signatures:
+        try:
+            public = load_public_key(key_text)
+        except ValueError:
+            return [f"{where}: the session's public key is not valid"]
     previous = GENESIS
     for expected, (_, seq, kind, step, body, hash_, signature) in enumerate(rows):
         at = f"{where} record {expected}"
         if seq != expected:
             return [f"{at}: missing (found record {seq} in its place): deleted or inserted"]
-        data = str(body).encode()
+        text = str(body)
+        data = text.encode()
         if digest(data) != hash_:
             return [f"{at}: its content does not match its hash: edited"]
-        if expected >= signed_from and not verify_signature(public, str(signature), data):
+        if (
+            public is not None
+            and expected >= signed_from
+            and not verify_signature(public, str(signature), data)
+        ):
             return [f"{at}: bad signature: edited or forged"]
         try:
-            parsed = json.loads(data)
-        except ValueError:
+            parsed = json.loads(text)
+        except (ValueError, RecursionError):
             return [f"{at}: its body is not JSON: edited"]
+        shape = body_problem(parsed, first=expected == 0)
+        if shape is not None:
+            return [f"{at}: not of a record's shape ({shape}): edited"]
         if (
             parsed.get("session_id"),
             parsed.get("seq"),
@@ -559,7 +889,7 @@ def _verify_session(
             return [f"{at}: its columns do not match its signed body: moved or edited"]
         if parsed.get("prev") != previous:
             return [f"{at}: does not follow the record before it: reordered"]
-        if expected == 0 and parsed.get("data", {}).get("public_key") != key_text:
+        if expected == 0 and parsed["data"]["public_key"] != key_text:
             return [f"{at}: the session's key was replaced"]
         previous = str(hash_)
     last = len(rows) - 1
@@ -568,6 +898,8 @@ def _verify_session(
             f"{where}: the signed head names record {head[2]}, the chain ends at {last}: "
             "records were cut off or added"
         ]
-    if not verify_signature(public, str(head[4]), _head_bytes(session_id, last, previous)):
+    if public is not None and not verify_signature(
+        public, str(head[4]), _head_bytes(session_id, last, previous)
+    ):
         return [f"{where}: the head's signature is bad: edited"]
     return []

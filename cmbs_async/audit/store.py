@@ -26,6 +26,7 @@ class RecordKind(StrEnum):
     SUPERVISION = "supervision"  # the review layer's ruling on a flagged step
     DECISION = "decision"  # the gate's verdict
     OBSERVATION = "observation"  # what the executor saw
+    EVIDENCE = "evidence"  # an evaluation's provenance chain, as the gate judged it
     END = "end"  # how the run ended
     PRE = "pre"  # the seed's pre-checkpoint (commitment)
     POST = "post"  # the seed's post-checkpoint (self-assessment)

@@ -8,10 +8,14 @@ import os
 from pathlib import Path
 from typing import Any, TextIO
 
+from .._reading import ReadError, read_bytes
 from ..result import ScenarioResult
 from .jobs import BatchError, Job
 
-__all__ = ["ResultLog", "error_record", "result_record"]
+__all__ = ["RESULTS_MAX_BYTES", "ResultLog", "error_record", "result_record"]
+
+#: The largest results file read back for ``--resume``.
+RESULTS_MAX_BYTES = 1 << 30
 
 
 def result_record(
@@ -65,7 +69,12 @@ class ResultLog:
         # leaves no file behind (which a retry would then refuse)
 
     def _read_back(self) -> list[dict[str, Any]]:
-        data = self.path.read_bytes()
+        if not self.path.is_file():  # /dev/zero, a FIFO: no results file, and never ending
+            raise BatchError(f"{self.path} is not a results file (not a regular file)")
+        try:
+            data = read_bytes(self.path, what="a results file", max_bytes=RESULTS_MAX_BYTES)
+        except ReadError as exc:
+            raise BatchError(str(exc)) from None
         complete = data[: data.rfind(b"\n") + 1]
         if len(complete) != len(data):  # a line cut off by a kill: drop it, keep the rest
             with open(self.path, "r+b") as handle:
@@ -78,7 +87,7 @@ class ResultLog:
         for number, line in enumerate(text.splitlines(), 1):
             try:
                 record = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise BatchError(f"{self.path}:{number} is not a result line") from None
             if isinstance(record, dict) and "key" in record:
                 records.append(record)

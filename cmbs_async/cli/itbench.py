@@ -14,16 +14,18 @@ from typing import Any
 
 import anyio
 
-from executors import Executor, LocalExecutor
+from executors import Executor, ExecutorError, LocalExecutor
 from executors.sandbox import SandboxUser
 
 from ..agents import Agent
 from ..itbench import (
     DEADLINE_S,
+    Flip,
     ItbenchError,
     Kind,
     ScenarioData,
     agent_file,
+    check_strict,
     collected_kind,
     evaluate,
     guess_kind,
@@ -32,6 +34,7 @@ from ..itbench import (
     prepare_workdir,
     replace_file,
     targets,
+    workdir_goal,
     write_tar,
 )
 from ..profile import Profile, load_profile
@@ -99,6 +102,31 @@ def add_itbench_command(
     add_expect_option(score, "--expect")
     score.add_argument("--opa", help="the opa program (default: opa, else cmbs-opa)")
     score.add_argument("--out", help="where evaluation.json goes (default: DIR/evaluation.json)")
+    score.add_argument(
+        "--strict",
+        action="store_true",
+        help="beyond IT-Bench's criterion: the opposite verdict on the opposite state too "
+        "(a fixed target, else the collected input with the checked setting reversed)",
+    )
+    score.add_argument(
+        "--fixed-inventory",
+        metavar="FILE",
+        help="--strict: an inventory whose hosts are known to be in the opposite state",
+    )
+    score.add_argument(
+        "--fixed-kubeconfig",
+        metavar="FILE",
+        help="--strict: a kubeconfig whose cluster is known to be in the opposite state",
+    )
+    score.add_argument(
+        "--flip",
+        action="append",
+        default=[],
+        metavar="POINTER=VALUE",
+        help="--strict without a fixed target: the checked setting of the collected input "
+        "(a JSON Pointer, * for every member) and its opposite value (JSON, else text); "
+        "repeatable (default: each setting with a known opposite, yes/no, true/false, ...)",
+    )
     add_sandbox_option(score)
 
 
@@ -128,10 +156,25 @@ def prepare_itbench_run(
         if args.network == "targets"
         else parse_network(args.network, option="--network")
     )
+    # the goal and the scenario DIR will run as, checked whole before DIR is made
+    itbench_scenario(
+        workdir_goal(data, args.workdir, kind=kind),
+        args.workdir,
+        kind=kind,
+        deadline_s=args.deadline,
+        network=network,
+    )
+    if args.tar and not os.path.isdir(os.path.dirname(os.path.abspath(args.tar))):
+        raise ItbenchError(f"--tar {args.tar}: its directory does not exist")
     if containment.get("user") is None and os.geteuid() == 0:  # DIR is laid out for them
         containment = containment | {"user": SandboxUser.fresh()}
     executor = executor_from_spec("local", **containment)
     try:
+        if isinstance(executor, LocalExecutor):  # a DIR the sandbox refuses: before it is made
+            try:
+                executor.check_workdir(os.path.abspath(args.workdir))
+            except ExecutorError as exc:
+                raise ItbenchError(f"--workdir {args.workdir}: {exc}") from None
         agent = make_agent(executor, load_profile("ciso"))
         user = executor.user if isinstance(executor, LocalExecutor) else None
         owner = (user.uid, user.gid) if user is not None else None
@@ -166,6 +209,13 @@ def run_evaluate(args: argparse.Namespace, containment: dict[str, Any]) -> int:
     if not workdir.is_dir():
         raise ItbenchError(f"{workdir} is not a directory")
     kind = Kind(args.kind) if args.kind else _kind_of(workdir)
+    opposite: dict[str, Any] = {  # --strict's options, checked before anything is made
+        "strict": args.strict,
+        "fixed_inventory": args.fixed_inventory,
+        "fixed_kubeconfig": args.fixed_kubeconfig,
+        "flips": tuple(Flip.parse(text) for text in args.flip),
+    }
+    check_strict(kind, **opposite)
     executor = executor_from_spec("local", **containment)
 
     async def score() -> Any:
@@ -178,6 +228,7 @@ def run_evaluate(args: argparse.Namespace, containment: dict[str, Any]) -> int:
                 kubeconfig=args.kubeconfig,
                 expect=args.expect,
                 opa=args.opa,
+                **opposite,
             )
 
     evaluation = anyio.run(cancel_on_signals, score, backend=args.backend)

@@ -25,6 +25,7 @@ from executors.sandbox import (
 from executors.ssh import SANDBOXES, SSHExecutor, SSHTarget, read_identity
 
 from .._errors import CmbsError, validation_reason
+from .._reading import ReadError
 from ..agents import Agent, OpenAIAgent, ScriptedAgent, StdioAgent
 from ..agents.stdio import AgentSandbox
 from ..profile import Profile
@@ -81,10 +82,8 @@ def agent_factory(spec: str, options: AgentOptions | None = None) -> Callable[[P
     if kind == "script" and sep and rest:
         try:
             lines = ScriptedAgent.from_jsonl(rest).messages
-        except OSError as exc:
-            raise SpecError(f"--agent {spec}: cannot read {rest}: {exc.strerror or exc}") from exc
-        except UnicodeDecodeError as exc:
-            raise SpecError(f"--agent {spec}: {rest} is not UTF-8 text") from exc
+        except ReadError as exc:  # "FILE: cannot read: ...", "FILE: larger than 64 MiB ..."
+            raise SpecError(f"--agent {spec}: {exc}") from None
         return lambda profile: ScriptedAgent(lines)
     if kind == "stdio" and sep and rest:
         return lambda profile: StdioAgent(rest, sandbox=options.sandbox, pass_env=options.pass_env)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .._errors import CmbsError, validation_reason
+from .._reading import ReadError, read_toml
 
 __all__ = ["ConfigError", "SupervisionConfig", "load_config"]
+
+
+#: The largest configuration file read.
+CONFIG_MAX_BYTES = 1024 * 1024
 
 
 class ConfigError(CmbsError, ValueError):
@@ -39,12 +43,10 @@ class SupervisionConfig(BaseModel):
 def load_config(path: str | Path) -> SupervisionConfig:
     """Read the ``[supervision]`` table of a TOML file (a missing table means defaults)."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text("utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    try:  # capped in size and nesting: /dev/zero is one line, not the host's memory
+        data = read_toml(path, what="a configuration file", max_bytes=CONFIG_MAX_BYTES)
+    except ReadError as exc:
+        raise ConfigError(str(exc)) from None
     unknown = set(data) - {"supervision"}
     if unknown:
         raise ConfigError(f"{path}: unknown table(s): {', '.join(sorted(unknown))}")

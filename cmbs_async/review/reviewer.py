@@ -178,6 +178,8 @@ class OpenAIReviewer(Closing):
         try:
             with anyio.fail_after(self.config.timeout_seconds):
                 reply = await self._chat.post(body)
+        except httpx.DecodingError as exc:  # a reply over the cap, or one not decodable
+            raise ReviewerError(f"the reviewer endpoint's reply: {exc}") from None
         except httpx.HTTPError as exc:
             raise ReviewerError(f"the reviewer endpoint failed: {type(exc).__name__}") from None
         if reply.status_code != 200:

@@ -103,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="accept Rego v0 syntax, as OPA 1.x does with this flag (default: v1 only)",
     )
     args = parser.parse_args(argv)
+    if args.input is not None and not (isinstance(args.input, str) and args.input):
+        parser.error("--input needs a file")  # argparse reads `--input=--` as no value
     try:
         paths = [Path(p) for p in args.data]
         for path in paths + ([Path(args.input)] if args.input else []):
