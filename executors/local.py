@@ -4,10 +4,12 @@ in its own process group."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING
 import anyio
 from anyio.abc import ByteReceiveStream, Process
 
+from . import snapshot
 from .base import (
     DEFAULT_OUTPUT_CAP,
     Closing,
@@ -55,10 +58,6 @@ if TYPE_CHECKING:
 __all__ = ["LocalExecutor"]
 
 _log = EventLogger("cmbs_async.sandbox")
-
-#: Where a sandboxed command may write besides its workdir (private, but on every PATH
-#: lookup's way: a program found there is the agent's).
-_PRIVATE = ("/tmp", "/dev/shm", "/var/tmp", "/run")
 
 #: How a limit a command ran into is said in its observation.
 _LIMITS = {
@@ -287,13 +286,17 @@ class LocalExecutor(Closing):
     ) -> Program | None:
         declared = env or self._declared.get(workdir) or CommandEnv()
         search = command_env(declared, home=None)["PATH"]
-        if self._bwrap is not None:  # commands write only the workdir and private tmpfs
-            writable, owner = [self.workdir_root, *_PRIVATE], self._users.get(workdir, self._user)
-        else:  # commands run as the operator: only what is theirs alone is out of reach
-            writable, owner = [self.workdir_root, tempfile.gettempdir(), *_PRIVATE], None
-        found = await anyio.to_thread.run_sync(
-            locate, name, search, writable, owner.uid if owner is not None else None
-        )
+        if self._bwrap is None:  # commands run as the operator: only their workdirs are out
+            found = await anyio.to_thread.run_sync(
+                partial(locate, name, search, [self.workdir_root], None)
+            )
+            return Program.model_validate(found) if found is not None else None
+        # in the sandbox, as its commands: what they see, and what they could write there
+        argv = [sys.executable, "-I", "-S", snapshot.__file__, name, search, workdir]
+        observed = await self._run(workdir, argv, shlex.join(argv), 60, declared, 0.0)
+        if not observed.success:
+            raise ExecutorError(f"cannot look for {name} in the sandbox: {observed.summary()}")
+        found = json.loads(observed.stdout.text or "null")
         return Program.model_validate(found) if found is not None else None
 
     async def _run(

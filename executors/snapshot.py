@@ -240,13 +240,16 @@ def identify(root: str, path: str) -> dict[str, Any]:
         os.close(fd)
 
 
-def locate(name: str, search: str, writable: list[str], owner: int | None) -> dict[str, Any] | None:
+def locate(
+    name: str, search: str, writable: list[str], owner: int | None, *, inside: bool = False
+) -> dict[str, Any] | None:
     """The program ``name`` as a shell would find it on ``search`` (a ``PATH``), resolved
     to its real path and hashed: ``{"name", "path", "sha256"}``, or ``None``.
 
     Found only outside every place commands may write: not under one of ``writable``, and
     (where commands run as ``owner``) neither the file nor a directory above it owned by
-    that user or writable by everybody. A name with a ``/`` is never looked up.
+    that user or writable by everybody; ``inside`` (run as a command would be, in its
+    sandbox), nor writable by this process. A name with a ``/`` is never looked up.
     """
     if not name or "/" in name or name in (".", ".."):
         return None
@@ -257,7 +260,7 @@ def locate(name: str, search: str, writable: list[str], owner: int | None) -> di
         if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
             continue
         real = os.path.realpath(candidate)
-        if not _out_of_reach(real, writable, owner):
+        if not _out_of_reach(real, writable, owner, inside):
             return None  # the first one found is what a shell would run: no other
         try:
             fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -272,7 +275,7 @@ def locate(name: str, search: str, writable: list[str], owner: int | None) -> di
     return None
 
 
-def _out_of_reach(real: str, writable: list[str], owner: int | None) -> bool:
+def _out_of_reach(real: str, writable: list[str], owner: int | None, inside: bool) -> bool:
     for place in writable:
         place = place.rstrip("/")
         if place and (real == place or real.startswith(place + "/")):
@@ -283,12 +286,20 @@ def _out_of_reach(real: str, writable: list[str], owner: int | None) -> bool:
             info = os.stat(path)
         except OSError:
             return False
-        if info.st_mode & stat.S_IWOTH and not (
-            stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX and path != real
-        ):
+        # a sticky directory (/tmp) lets nobody replace what others own in it
+        sticky = stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX and path != real
+        if not sticky and (info.st_mode & stat.S_IWOTH or (inside and os.access(path, os.W_OK))):
             return False
         if owner is not None and info.st_uid == owner:
             return False
         if path == "/":
             return True
         path = os.path.dirname(path)
+
+
+if __name__ == "__main__":  # run in a sandbox: where its commands would find a program
+    import json
+    import sys
+
+    found = locate(sys.argv[1], sys.argv[2], sys.argv[3:], os.getuid(), inside=True)
+    print(json.dumps(found))
