@@ -40,7 +40,7 @@ if typing.TYPE_CHECKING:
     from .evaluators import Evaluation, Evaluator
     from .gate import Decision, Gate, Messages, ObservationOwed, Payload, Rules
     from .handle import RunHandle
-    from .itbench import ItbenchError
+    from .itbench import CannotScore, ItbenchError
     from .masks import Masks
     from .profile import (
         ActionSpec,
@@ -108,6 +108,7 @@ __all__ = [
     "Belief",
     "CallableAgent",
     "CallbackHuman",
+    "CannotScore",
     "CheckpointError",
     "CmbsError",
     "CommandEnv",
@@ -206,7 +207,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "Payload",
         "Rules",
     ),
-    "itbench": ("ItbenchError",),
+    "itbench": ("CannotScore", "ItbenchError"),
     "masks": ("Masks",),
     "profile": (
         "ActionSpec",

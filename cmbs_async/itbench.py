@@ -21,7 +21,7 @@ import shutil
 import stat
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -30,8 +30,9 @@ from typing import Any, BinaryIO
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from executors import Executor
+from executors import Executor, LocalExecutor
 from executors.observation import CommandEnv, Network, Observation
+from executors.sandbox import TOOL_DIRS, command_env, default_hidden
 
 from ._errors import CmbsError, one_line, validation_reason
 from ._reading import ReadError, loads_json, read_json, read_text
@@ -42,6 +43,7 @@ from .tools import tools_dir
 __all__ = [
     "APPENDIX",
     "DEADLINE_S",
+    "CannotScore",
     "Evaluation",
     "Flip",
     "ItbenchError",
@@ -50,13 +52,16 @@ __all__ = [
     "agent_file",
     "check_strict",
     "collected_kind",
+    "command_search",
     "evaluate",
     "guess_kind",
     "itbench_scenario",
     "load_scenario_data",
+    "missing_program",
     "prepare_workdir",
     "replace_file",
     "targets",
+    "with_key_file",
     "workdir_goal",
     "write_tar",
 ]
@@ -75,12 +80,18 @@ APPENDIX = (
     "with declare_posture, then terminate.\n"
 )
 
-_KEY_FILE = re.compile(r"""(ansible_ssh_private_key_file=)("[^"]*"|'[^']*'|\S+)""")
+_KEY_FILE = re.compile(r"""(ansible_(?:ssh_)?private_key_file=)("[^"]*"|'[^']*'|\S+)""")
+_LOCAL = re.compile(r"""\bansible_connection=["']?local\b""")
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
 
 class ItbenchError(CmbsError, ValueError):
     """IT-Bench input that cannot be used; the message is one line."""
+
+
+class CannotScore(ItbenchError):
+    """The evaluator's programs are missing where its commands run: no verdict at all,
+    never a fail (a missing tool is not the agent's failure); the message is one line."""
 
 
 class Kind(enum.StrEnum):
@@ -97,6 +108,17 @@ class Kind(enum.StrEnum):
         if self is Kind.RHEL9_ANSIBLE_OPA:
             return ("ansible_ini", "ansible_user_key")
         return ("kubeconfig",)
+
+    @property
+    def programs(self) -> tuple[tuple[str, ...], ...]:
+        """The programs this kind's commands run (the agent's, and the evaluator's where it
+        scores the kind), each as the names of which one must be found."""
+        opa = ("opa", "cmbs-opa")
+        if self is Kind.RHEL9_ANSIBLE_OPA:
+            return (("ansible-playbook",), opa)
+        if self is Kind.KUBECTL_OPA:
+            return (("kubectl",), opa)
+        return (("kubectl",),)
 
 
 class ScenarioData(BaseModel):
@@ -205,12 +227,78 @@ def _lay_out(root: Path, data: ScenarioData, inventory: Path, kubeconfig: Path, 
     if "ansible_user_key" in data.vars:
         _write(root / "user_key", _with_newline(data.vars["ansible_user_key"]), 0o600)
     if "ansible_ini" in data.vars:
-        key = f'"{root / "user_key"}"'
-        text = _KEY_FILE.sub(lambda m: m.group(1) + key, data.vars["ansible_ini"])
+        text = data.vars["ansible_ini"]
+        if "ansible_user_key" in data.vars:  # the key the harness wrote, on every host
+            text = with_key_file(text, str(root / "user_key"))
         _write(inventory, _with_newline(text), 0o600)
     if "kubeconfig" in data.vars:
         _write(kubeconfig, _with_newline(data.vars["kubeconfig"]), 0o600)
     _write(root / "goal.txt", goal, 0o644)
+
+
+def with_key_file(inventory: str, key: str) -> str:
+    """An Ansible INI inventory whose hosts use the private key ``key``, as IT-Bench's
+    harness points them at ``user_key``: every ``ansible_ssh_private_key_file`` (or
+    ``ansible_private_key_file``) names it, and a host line that names none gets one
+    (after the host, before any comment); hosts on ``ansible_connection=local`` need none."""
+    quoted = f'"{key}"'
+    lines = _KEY_FILE.sub(lambda m: m.group(1) + quoted, inventory).splitlines(keepends=True)
+    hosts = True  # before any section: ungrouped hosts
+    for number, line in enumerate(lines):
+        stripped = line.strip()
+        if not stripped or stripped[0] in "#;":
+            continue
+        if stripped.startswith("[") and stripped.endswith("]"):
+            hosts = stripped[1:-1].partition(":")[2].strip() in ("", "hosts")
+            continue
+        if not hosts or _KEY_FILE.search(line) or _LOCAL.search(line):
+            continue
+        host = re.match(r"\s*\S+", line)
+        if host is not None:
+            end = host.end()
+            lines[number] = f"{line[:end]} ansible_ssh_private_key_file={quoted}{line[end:]}"
+    return "".join(lines)
+
+
+def command_search(executor: Executor) -> str | None:
+    """The ``PATH`` a local executor's commands find programs on (the operator's
+    absolute entries; sandboxed, without what the sandbox hides or empties: the home,
+    ``/tmp``, ``/dev/shm``, unless they hold the tools), or ``None`` for another executor
+    (its commands run elsewhere)."""
+    if not isinstance(executor, LocalExecutor):
+        return None
+    entries = command_env(CommandEnv(), home=None)["PATH"].split(os.pathsep)
+    if executor.containment == "bwrap":
+        hidden = [os.path.realpath(p) for p in (*default_hidden(), "/tmp", "/dev/shm")]
+        entries = [
+            entry
+            for entry in entries
+            if not _under(os.path.realpath(entry), hidden)
+            or _under(os.path.realpath(entry), TOOL_DIRS)
+        ]
+    return os.pathsep.join(entries)
+
+
+def _under(path: str, folders: Sequence[str]) -> bool:
+    return any(Path(path).is_relative_to(folder) for folder in folders)
+
+
+def missing_program(kind: Kind, search: str, *, opa: str | None = None) -> str | None:
+    """The first program ``kind``'s commands run that is not on ``search`` (a ``PATH``,
+    as :func:`command_search` gives it), as it is said (``opa or cmbs-opa``); ``None`` if
+    all are there. ``opa`` is the evaluator's own (``--opa``): that one, or none."""
+    for names in kind.programs:
+        where = search
+        if "opa" in names:  # cmbs-opa is found where cmbs was installed, as _opa finds it
+            names, where = (opa,) if opa is not None else names, search + os.pathsep + tools_dir()
+        found = [
+            name
+            for name in names
+            if (os.access(name, os.X_OK) if "/" in name else shutil.which(name, path=where))
+        ]
+        if not found:
+            return " or ".join(names)
+    return None
 
 
 def itbench_scenario(
@@ -388,7 +476,11 @@ async def evaluate(
     the policy on the collected input (read here: the executor's workdirs are on this
     machine) with ``flips`` applied, else with one setting turned to its opposite
     (:func:`_mutations`). The details record both verdicts (``verdicts``) and how the
-    opposite state was made (``strict``)."""
+    opposite state was made (``strict``).
+
+    :class:`CannotScore` (no verdict) where the evaluator's programs (``ansible-playbook``
+    or ``kubectl``, and ``opa``) are missing where its commands run: checked on a local
+    executor's ``PATH`` before anything runs, and on any executor from what ran."""
     if kind not in _COLLECTORS:
         raise ItbenchError(f"{kind.value} is scored against a live cluster with Kyverno")
     target = inventory if kind is Kind.RHEL9_ANSIBLE_OPA else kubeconfig
@@ -409,6 +501,10 @@ async def evaluate(
         _network(kind, fixed_text, "fixed")
     if isinstance(found, str):
         return Evaluation(False, details | {"reason": found})
+    search = command_search(executor)
+    missing = None if search is None else missing_program(kind, search, opa=opa)
+    if missing is not None:  # before anything runs: no verdict, not the agent's failure
+        raise CannotScore(f"{missing} not found on the PATH the evaluator's commands run with")
     files, collector = found
     run = partial(
         _collect_and_evaluate, executor, kind, collector, opa or _opa(), command_timeout_s
@@ -487,8 +583,13 @@ async def _collect_and_evaluate(
             env["KUBECONFIG"] = f"{fresh}/kubeconfig.yaml"
             command_env = command_env.model_copy(update={"values": env})
         run = partial(executor.run_command, fresh, timeout=command_timeout_s, env=command_env)
-        said = {"collector": _said(await run(collect))}
+        collected_by = await run(collect)
+        if kind is Kind.RHEL9_ANSIBLE_OPA and collected_by.program_found is False:
+            raise CannotScore("ansible-playbook not found where the evaluator's commands run")
+        said = {"collector": _said(collected_by)}
         evaluation = await run(_EVALUATE.format(opa=opa))
+        if evaluation.program_found is False:  # the evaluator's own program, not the agent's
+            raise CannotScore(f"{opa} not found where the evaluator's commands run")
         said["evaluation"] = _said(evaluation)
         if keep_input:
             collected = await anyio.to_thread.run_sync(

@@ -1,5 +1,6 @@
 """Replay: run the gate and the reconciler again over a recorded session (no agent, no
-executor, no model) and check that every verdict comes out the same."""
+executor, no model) and check that every verdict comes out the same; or judge it again
+under another profile, the recorded observations fed to the new gate, nothing re-run."""
 
 from __future__ import annotations
 
@@ -12,11 +13,22 @@ from .audit.shape import data_problem
 from .audit.store import AuditError, AuditRecord, AuditStore, RecordKind
 from .gate import Decision, Gate
 from .profile import Profile
-from .protocol import Observation
+from .protocol import MasksView, Observation, Verdict
 from .records import decision_record, flag_data, recorded_message
 from .review.layer import REORIENTED, ReviewAction, ReviewState
 
-__all__ = ["ReplayReport", "replay"]
+__all__ = ["ReplayReport", "ReplayedStep", "replay"]
+
+
+@dataclass(frozen=True)
+class ReplayedStep:
+    """One step as the gate judged it again: its verdict and message, and the masks once
+    what the step ran was observed."""
+
+    step: int
+    verdict: Verdict
+    message: str
+    masks: MasksView
 
 
 @dataclass(frozen=True)
@@ -25,17 +37,21 @@ class ReplayReport:
     decisions: int
     reconciles: int
     mismatches: tuple[str, ...]
+    steps: tuple[ReplayedStep, ...] = ()
 
     @property
     def identical(self) -> bool:
         return not self.mismatches
 
 
-def replay(store: AuditStore, session_id: str) -> ReplayReport:
+def replay(store: AuditStore, session_id: str, *, profile: Profile | None = None) -> ReplayReport:
     """Re-derive every recorded decision and reconcile result of ``session_id``.
 
-    A record without what replay reads of it (a decision with no verdict, a session with
-    no profile, an observation that is not one) is an :class:`AuditError`, one line.
+    With ``profile``, judge the recorded steps under it instead of the recorded one: each
+    verdict that changes is a mismatch (an observation the new gate did not allow is not
+    fed to it). A record without what replay reads of it (a decision with no verdict, a
+    session with no profile, an observation that is not one) is an :class:`AuditError`,
+    one line.
     """
     records = iter(store.records(session_id))
     first = next(records, None)
@@ -45,16 +61,27 @@ def replay(store: AuditStore, session_id: str) -> ReplayReport:
     if not isinstance(first.data.get("profile"), dict):
         raise _unreadable(first, "it holds no profile to judge the steps with")
     try:
-        profile = Profile.model_validate(first.data["profile"])
+        recorded = Profile.model_validate(first.data["profile"])
     except ValidationError as exc:
         raise _unreadable(first, f"its profile is not one ({validation_reason(exc)})") from None
+    profile = profile or recorded
     replayer = _Replayer(Gate(profile), reviewing=first.data.get("review") is not None)
     for record in records:
         _check_shape(record)
         replayer.feed(record)
     return ReplayReport(
-        session_id, replayer.decisions, replayer.reconciles, tuple(replayer.mismatches)
+        session_id,
+        replayer.decisions,
+        replayer.reconciles,
+        tuple(replayer.mismatches),
+        tuple(replayer.steps.values()),
     )
+
+
+#: What a step the recorded run did not let run is observed as, judged again.
+_NOT_RUN = Observation(
+    kind="command", success=False, error="not run: the recorded run did not allow it"
+)
 
 
 def _check_shape(record: AuditRecord) -> None:
@@ -78,6 +105,7 @@ class _Replayer:
     reviewing: bool
     state: ReviewState = field(default_factory=ReviewState)
     decisions: int = 0
+    steps: dict[int, ReplayedStep] = field(default_factory=dict)
     reconciles: int = 0
     mismatches: list[str] = field(default_factory=list)
     raw: str | bytes = ""
@@ -103,10 +131,19 @@ class _Replayer:
             except ValidationError as exc:
                 problem = f"not of its kind's shape ({validation_reason(exc)})"
                 raise _unreadable(record, problem) from None
+            if not self.gate.awaiting_observation:  # judged otherwise now: nothing ran for it
+                return
             self.gate.observe(observation)
+            self._replayed(step)
             last = self.last
             if self.reviewing and last is not None and last.step is not None and step is not None:
                 self.state.note_executed(step, last.step, observation)
+
+    def _replayed(self, step: int | None) -> None:
+        """Note the last decision, with the masks as they now are, for ``step``."""
+        if step is not None and self.last is not None:
+            last = self.last
+            self.steps[step] = ReplayedStep(step, last.verdict, last.message, self.gate.masks_view)
 
     def _reconcile(self, step: int | None, recorded: object) -> None:
         parsed = self.gate.parse(self.raw)
@@ -117,8 +154,11 @@ class _Replayer:
 
     def _decide(self, step: int | None, recorded: dict[str, object]) -> None:
         gate = self.gate
+        if gate.awaiting_observation:  # allowed now, refused when recorded: it never ran
+            gate.observe(_NOT_RUN)
         self.last = gate.withhold(REORIENTED) if self.reoriented else gate.decide(self.raw)
         self.decisions += 1
+        self._replayed(step)
         replayed = decision_record(self.last).data
         if replayed != recorded:
             self.mismatches.append(

@@ -29,7 +29,12 @@ class Outcome(StrEnum):
 
 class TraceEntry(BaseModel):
     """One line of the run's trace: what the agent proposed, what the gate said, and for
-    a command that ran, its output as captured (capped head and tail)."""
+    a command that ran, its output as captured (capped head and tail).
+
+    ``masks`` are the belief masks after the step; ``refused`` why the evidence rule kept
+    the step's output from moving a posture (a signal matched it), if it did;
+    ``stopped_by`` which mask a ``BLOCK`` or ``CONTINUE`` came from, in words
+    (``"evidence: none, not successful"``), when the gate's message says."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -40,6 +45,9 @@ class TraceEntry(BaseModel):
     observed: str | None = None
     stdout: str | None = None
     stderr: str | None = None
+    masks: MasksView | None = None
+    refused: str | None = None
+    stopped_by: str | None = None
 
 
 class ScenarioResult(BaseModel):
@@ -61,6 +69,8 @@ class ScenarioResult(BaseModel):
     sandbox: str | None = None
     containment: Containment | None = None
     cleanup_error: str | None = None
+    #: the last bytes (64 KiB at most) an agent program wrote on its stderr, when it failed
+    agent_stderr: str | None = None
 
     @property
     def earned(self) -> bool:
@@ -68,7 +78,8 @@ class ScenarioResult(BaseModel):
 
     def summary(self, *, output: bool = True) -> dict[str, Any]:
         """The stable JSON contract of ``cmbs run --json``; ``output=False`` leaves the
-        commands' captured output out of the trace (a batch's results file keeps none)."""
+        commands' captured output, the masks after each step and the agent program's
+        stderr out (a batch's results file keeps none)."""
         return {
             "scenario_id": self.scenario_id,
             "outcome": self.outcome.value,
@@ -82,15 +93,23 @@ class ScenarioResult(BaseModel):
             "sandbox": self.sandbox,
             "containment": self.containment.model_dump(mode="json") if self.containment else None,
             "cleanup_error": self.cleanup_error,
-            "trace": [
-                {
-                    "step": t.step,
-                    "action": t.action,
-                    "verdict": t.verdict.value,
-                    "message": t.message,
-                    "observed": t.observed,
-                }
-                | ({"stdout": t.stdout, "stderr": t.stderr} if output else {})
-                for t in self.trace
-            ],
-        }
+            "trace": [_step(t, output=output) for t in self.trace],
+        } | ({"agent_stderr": self.agent_stderr} if output else {})
+
+
+def _step(entry: TraceEntry, *, output: bool) -> dict[str, Any]:
+    """A trace line as ``cmbs run --json`` shows it; ``output`` adds what the command
+    printed and the masks after the step."""
+    step: dict[str, Any] = {
+        "step": entry.step,
+        "action": entry.action,
+        "verdict": entry.verdict.value,
+        "message": entry.message,
+        "observed": entry.observed,
+        "stopped_by": entry.stopped_by,
+        "refused": entry.refused,
+    }
+    if output:
+        step["stdout"], step["stderr"] = entry.stdout, entry.stderr
+        step["masks"] = entry.masks.model_dump(mode="json") if entry.masks else None
+    return step

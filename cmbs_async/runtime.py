@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,8 +40,9 @@ from .agents.base import Agent, AgentMessage
 from .audit.store import AuditError, AuditStore
 from .evaluating import Programs, run_evaluation
 from .events import Events, logger
-from .gate import Decision, Gate, Rules
+from .gate import Decision, Gate, Messages, Rules
 from .handle import RunHandle
+from .masks import Masks
 from .profile import Profile, load_profile
 from .protocol import (
     AgentStep,
@@ -78,6 +80,7 @@ class _Said:
 @dataclass(frozen=True, slots=True)
 class _Failed:
     reason: str
+    stderr: str | None = None  # what an agent program that failed wrote on its stderr
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,6 +97,7 @@ class _Options:
     audit: AuditStore | None
     session_id: str
     rules: Rules | None
+    on_step: Callable[[TraceEntry], None] | None = None
 
 
 @dataclass
@@ -106,12 +110,14 @@ class _Run:
     review: Reviewing
     trail: Trail
     log: Any  # the events logger, bound once per run: a proxy lookup per event adds up
+    on_step: Callable[[TraceEntry], None] | None = None  # told each line of the trace
     trace: list[TraceEntry] = field(default_factory=list)
     outcome: Outcome | None = None
     reason: str | None = None
     containment: Containment | None = None  # what contains the commands, once known
     workdir: str | None = None  # where the workdir is kept, once the run is over
     cleanup_error: str | None = None  # why some of the workdir is left behind
+    agent_stderr: str | None = None  # what a failed agent program wrote on its stderr
 
     def __post_init__(self) -> None:
         self._goal = self.spec.rendered_goal()
@@ -195,6 +201,7 @@ async def run_scenario(
     session_id: str | None = None,
     rules: Rules | None = None,
     handle: RunHandle | None = None,
+    on_step: Callable[[TraceEntry], None] | None = None,
 ) -> ScenarioResult:
     """Run one scenario to its end and report how it ended.
 
@@ -205,6 +212,8 @@ async def run_scenario(
     ``audit`` records every step, review, decision and observation, each durable before
     it takes effect, under ``session_id`` (a new one by default). ``rules`` replaces the
     gate's rules (:class:`cmbs_async.gate.Rules`), for baselines and experiments.
+    ``on_step`` is called with each line of the trace as it is made (to show the run as
+    it goes); it is called in the supervisor, so it must be quick and must not raise.
 
     No audit wait outlasts the deadline: a record not durable by then ends the run
     ``audit_error``, and the end record gets at most a second more. Cancelled from outside
@@ -232,6 +241,7 @@ async def run_scenario(
             audit=audit,
             session_id=session_id or uuid.uuid4().hex,
             rules=rules,
+            on_step=on_step,
         )
         handle = handle or RunHandle()
         with bound_contextvars(scenario_id=spec.id), anyio.CancelScope() as own:
@@ -281,6 +291,7 @@ async def _run(
             review=reviewing(review, gate, goal=spec.rendered_goal(), scenario_id=spec.id),
             trail=trail,
             log=logger.bind(),
+            on_step=options.on_step,
         )
         stopped = await _act(run, agent, options, ends_at)
         with anyio.CancelScope(shield=stopped is not None):
@@ -381,7 +392,8 @@ async def _converse(
         except Exception as exc:
             reason = f"agent raised {type(exc).__name__}: {exc}"
             logger.warning(Events.AGENT_FAILED, step=turn.step, reason=reason)
-            await send(steps, _Failed(reason))
+            stderr = getattr(exc, "stderr", None)  # an agent program's, as it failed
+            await send(steps, _Failed(reason, stderr if isinstance(stderr, str) else None))
             return
         if message is None:
             logger.info(Events.AGENT_DONE, step=turn.step)
@@ -462,6 +474,7 @@ async def _supervisor_actor(
                 return
             if isinstance(said, _Failed):
                 run.finish(Outcome.AGENT_ERROR, said.reason)
+                run.agent_stderr = said.stderr
                 return
             bind_contextvars(step=run.gate.step_count + 1)  # this task's context only
             try:
@@ -542,7 +555,7 @@ async def _execute(run: _Run, decision: Decision, executor: _ExecutorLink) -> Ob
     try:
         reply = await executor.run(decision)
     except anyio.get_cancelled_exc_class():  # the deadline or a cancellation: it was killed
-        run.trace.append(_entry(decision, "killed: the run ended while it ran"))
+        _trace(run, decision, "killed: the run ended while it ran")
         raise
     if isinstance(reply, _Failed):
         run.finish(Outcome.EXECUTOR_ERROR, reply.reason)
@@ -566,10 +579,16 @@ async def _execute(run: _Run, decision: Decision, executor: _ExecutorLink) -> Ob
     return reply
 
 
-def _entry(decision: Decision, said: str | None, observed: Observation | None = None) -> TraceEntry:
-    """The trace's line for a step; a command's captured output with it."""
+def _trace(
+    run: _Run, decision: Decision, said: str | None, observed: Observation | None = None
+) -> None:
+    """Add the step's line to the trace, and tell ``on_step``: the masks after the step,
+    why the evidence rule refused its output (if it did), which mask stopped it (for a
+    ``BLOCK`` or ``CONTINUE``), and a command's captured output."""
+    masks = run.gate.masks
     ran = observed is not None and observed.kind == "command"
-    return TraceEntry(
+    stopped = decision.verdict in (Verdict.BLOCK, Verdict.CONTINUE)
+    entry = TraceEntry(
         step=decision.step_number,
         action=decision.action_type,
         verdict=decision.verdict,
@@ -577,7 +596,55 @@ def _entry(decision: Decision, said: str | None, observed: Observation | None = 
         observed=said,
         stdout=observed.stdout.text if ran and observed else None,
         stderr=observed.stderr.text if ran and observed else None,
+        masks=masks.view(),
+        refused=masks.refused if observed is not None else None,
+        stopped_by=_stopped_by(decision, masks) if stopped else None,
     )
+    run.trace.append(entry)
+    if run.on_step is not None:
+        run.on_step(entry)
+
+
+def _stopped_by(decision: Decision, masks: Masks) -> str | None:
+    """Which mask kept a step from going through, in words, as the gate's message and
+    detail and the masks say; ``None`` for a message the gate's own rules never give."""
+    message, detail = decision.message, decision.detail or ""
+    admissible = " and ".join(p for p, ok in masks.posture_admissible.items() if ok) or "none"
+    evidence = f"evidence ({masks.evidence}, not successful)"
+    if message == Messages.INVALID_FORMAT:
+        return "no mask: the step is not well formed"
+    if message == REORIENTED:
+        return "no mask: the review sent the step back"
+    if message == Messages.INCONSISTENT:
+        if detail == "belief.evidence":
+            return f"evidence (the belief claims more than {masks.evidence})"
+        if detail == "belief.posture":
+            return f"posture admissibility (the belief's posture is eliminated: {admissible} left)"
+        if detail.startswith("belief.affordances."):
+            name = detail.removeprefix("belief.affordances.")
+            return f"affordance {name} ({masks.affordances.get(name, 'unknown')})"
+        return None
+    if message == Messages.POSTURE_WITHOUT_EVIDENCE:
+        return evidence
+    if message == Messages.POSTURE_INADMISSIBLE:
+        return f"posture admissibility (only {admissible} admissible)"
+    if message == Messages.CAPABILITY_UNAVAILABLE:  # the affordance the action needs
+        payload = decision.payload
+        path = payload.path if isinstance(payload, ArtifactPayload) else None
+        needed = decision.spec.required(path) if decision.spec is not None else None
+        return f"affordance {needed} (unavailable)" if needed is not None else None
+    if message == Messages.TERMINATION_BLOCKED:
+        why = []
+        if masks.evidence != "successful":
+            why.append(evidence)
+        if sum(masks.posture_admissible.values()) != 1:
+            why.append(f"posture admissibility ({admissible} admissible, one needed)")
+        if not masks.posture_stable:
+            claims = ", ".join(masks.posture_history[-masks.stability_window :]) or "none"
+            window = masks.stability_window
+            why.append(f"stability (last claims: {claims}; {window} equal and known needed)")
+        return "; ".join(why) or None
+    return None
 
 
 def _conclude(
@@ -588,9 +655,7 @@ def _conclude(
 ) -> Response | None:
     """Trace the step, then end the run (terminated, or its step budget used up) or
     answer the agent, with the review's correction if it sent the step back."""
-    run.trace.append(
-        _entry(decision, observed.summary() if observed else decision.detail, observed)
-    )
+    _trace(run, decision, observed.summary() if observed else decision.detail, observed)
     if decision.verdict is Verdict.TERMINATE:
         run.finish(Outcome.TERMINATED)
         return None
@@ -621,4 +686,5 @@ def _result(run: _Run, duration: float, session_id: str) -> ScenarioResult:
         sandbox=run.containment.sandbox if run.containment is not None else None,
         containment=run.containment,
         cleanup_error=run.cleanup_error,
+        agent_stderr=run.agent_stderr,
     )

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ._errors import CmbsError, validation_reason
 from ._reading import ReadError, read_json, read_yaml
 from .profile import builtin_profiles
-from .protocol import ENV_NAME, CommandEnv, Limits, Network, PassedName
+from .protocol import ENV_NAME, CommandEnv, Limits, Network, PassedName, Posture
 
 __all__ = ["ScenarioError", "ScenarioSpec", "load_scenario"]
 
@@ -47,6 +47,10 @@ class ScenarioSpec(BaseModel):
     (processes, memory, the sizes of ``/tmp`` and ``/dev/shm``). A leading ``~/`` in an
     ``env`` value or a ``readable`` path is the operator's home. A relative ``workdir``
     lies under the executor's workdir root; an absolute one must.
+
+    ``expected`` is the posture a correct run ends with (``compliant`` or
+    ``non_compliant``), for evaluating agents: ``cmbs batch`` scores runs against it. It is
+    not part of any turn an agent is sent.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -67,6 +71,7 @@ class ScenarioSpec(BaseModel):
     network: Network = "all"
     readable: tuple[str, ...] = ()
     limits: Limits = Field(default_factory=Limits)
+    expected: Posture | None = None
 
     @model_validator(mode="after")
     def _placeholders_filled(self) -> ScenarioSpec:

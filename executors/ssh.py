@@ -385,7 +385,7 @@ class _Plain(ast.NodeTransformer):
     def visit_ImportFrom(self, node: ast.ImportFrom) -> ast.AST | list[ast.stmt] | None:
         if node.level == 1 and node.module == "snapshot":  # sent inlined, as plain
             inlined = ast.parse(Path(__file__).with_name("snapshot.py").read_text())
-            kept = [self.visit(statement) for statement in inlined.body[1:]]
+            kept = [self.visit(statement) for statement in inlined.body[1:] if not _main(statement)]
             return [statement for statement in kept if isinstance(statement, ast.stmt)]
         return None if node.module in ("__future__", "typing") else node
 
@@ -420,6 +420,17 @@ class _Plain(ast.NodeTransformer):
 
     def visit_Module(self, node: ast.Module) -> ast.AST:
         return self._bare(node)  # type: ignore[no-any-return]
+
+
+def _main(statement: ast.stmt) -> bool:
+    """Whether ``statement`` is an ``if __name__ == "__main__":`` block (not sent: the
+    launcher is ``__main__`` where it runs)."""
+    return (
+        isinstance(statement, ast.If)
+        and isinstance(statement.test, ast.Compare)
+        and isinstance(statement.test.left, ast.Name)
+        and statement.test.left.id == "__name__"
+    )
 
 
 @functools.cache

@@ -172,6 +172,9 @@ async def test_a_run_whose_workdir_is_swapped_for_a_link_ends_in_executor_error(
 async def test_a_daemon_swapping_a_directory_for_a_link_gets_nothing_outside(
     executor: LocalExecutor, tmp_path: Path, outside: Path
 ) -> None:
+    """Whatever the race did (how often the daemon won depends on the machine's load,
+    and is not asserted): nothing lands outside, each write is either done or refused
+    with a reason naming it, and what was said written is in the workdir."""
     workdir = await executor.prepare(str(tmp_path / "work"), {})
     written, refused = set(), set()
     with swapping(workdir, outside) as group:
@@ -184,8 +187,8 @@ async def test_a_daemon_swapping_a_directory_for_a_link_gets_nothing_outside(
                 refused.add(i)
     assert live_group_members(group) == []
 
-    assert listing(outside) == ["keep"]
-    assert written and refused  # the race was on: both outcomes happened
+    assert listing(outside) == ["keep"] and (outside / "keep").read_text() == "keep"
+    assert written | refused == set(range(2000))
     assert files_under(workdir) == {f"f{i}": str(i) for i in written}
 
 

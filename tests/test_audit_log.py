@@ -303,8 +303,10 @@ def test_batch_writes_a_checkpoint_and_a_read_only_key_folder_is_one_line(
     assert done.returncode == 3, done.stderr
     assert json.loads(head.read_text())["size"] == 5
     assert verify(db, "--head", str(head)).returncode == 0
-    refused = cmbs("batch", scenario[1], scenario[2], scenario[3], "--head-out", str(head))
-    assert refused.returncode == 2 and "--head-out needs --audit-db" in refused.stderr
+    refused = cmbs(
+        "batch", scenario[1], scenario[2], scenario[3], "--no-audit", "--head-out", str(head)
+    )  # fmt: skip
+    assert refused.returncode == 2 and "--head-out needs the audit trail" in refused.stderr
 
     bwrap = find_bwrap()
     if bwrap is None:

@@ -9,6 +9,7 @@ import sys
 import time
 from io import StringIO
 
+import anyio
 import pytest
 
 from cmbs_async.review import ConsoleHuman, HumanRequest
@@ -65,3 +66,26 @@ def test_an_unanswered_question_does_not_outlive_its_deadline() -> None:
         os.close(write)
     assert done.returncode == 0 and done.stdout == "deadline\n", done.stderr
     assert took < 20  # before the fix it never exited: stdin delivered no line
+
+
+async def test_an_input_that_cannot_be_polled_is_read_as_it_is() -> None:
+    """``/dev/null`` (no event loop can wait on it) is at its end: the question aborts."""
+    with open(os.devnull) as stdin:  # noqa: ASYNC230 - never blocks
+        decision = await ConsoleHuman(stdin=stdin, stderr=StringIO()).decide(REQUEST)
+    assert decision.decision == "abort"
+
+
+async def test_a_very_long_answer_is_cut_and_the_next_line_read_whole() -> None:
+    read, write = os.pipe()
+    with os.fdopen(read) as stdin:
+        human = ConsoleHuman(stdin=stdin, stderr=StringIO())
+        async with anyio.create_task_group() as tg:
+
+            async def type_it() -> None:
+                await anyio.to_thread.run_sync(os.write, write, b"m\n" + b"x" * 300_000 + b"\n")
+                os.close(write)
+
+            tg.start_soon(type_it)
+            decision = await human.decide(REQUEST)
+    assert decision.decision == "modify"
+    assert set(decision.correction) == {"x"} and len(decision.correction) <= 4096

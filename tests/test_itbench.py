@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -95,6 +96,15 @@ def scenario_data(target: LocalSshd, tmp_path: Path) -> Path:
     }
     path.write_text(json.dumps(data))
     return path
+
+
+def needs_ansible() -> None:
+    """``itbench run`` of a RHEL9 scenario starts only where its commands find
+    ansible-playbook (and opa or cmbs-opa)."""
+    if not (BIN / "ansible-playbook").exists():
+        if os.environ.get("CI"):
+            pytest.fail("CI must have ansible-core")
+        pytest.skip("needs ansible-core (the ciso extra)")
 
 
 def unreachable_rhel9(tmp_path: Path) -> Path:
@@ -241,6 +251,7 @@ def test_cmbs_batch_reports_itbench_pass_at_1_beside_the_gates_outcome(
 
 
 def test_a_deadline_leaves_the_workdir_and_its_tar(tmp_path: Path) -> None:
+    needs_ansible()
     data = unreachable_rhel9(tmp_path)
     agent = script(
         tmp_path / "slow.jsonl",
@@ -248,16 +259,24 @@ def test_a_deadline_leaves_the_workdir_and_its_tar(tmp_path: Path) -> None:
         ("check_status", {"command": "sleep 60"}),
     )
     workdir, tar = tmp_path / "agent", tmp_path / "agent_data.tar"
-    result = itbench_run(data, workdir, agent, "--tar", str(tar), "--deadline", "3")
+    # the deadline cuts the sleep; on a loaded machine it may cut sooner: whatever it
+    # cut, DIR keeps what was written, and the tar holds DIR as it was left
+    result = itbench_run(data, workdir, agent, "--tar", str(tar), "--deadline", "10")
     assert result["outcome"] == "deadline_exceeded"
-    assert (workdir / "playbook.yml").read_text() == "- hosts: all\n"
     saved = json.loads((workdir / "cmbs-result.json").read_text())
     assert saved["outcome"] == "deadline_exceeded"
+    trace = result["trace"]
+    assert isinstance(trace, list)
+    if any(entry["observed"] == "wrote playbook.yml" for entry in trace):
+        assert (workdir / "playbook.yml").read_text() == "- hosts: all\n"
     with tarfile.open(tar) as packed:
-        assert "./playbook.yml" in packed.getnames()
+        names = set(packed.getnames())
+    assert names == {"."} | {f"./{path.name}" for path in workdir.iterdir()}
+    assert "./cmbs-result.json" in names and "./ansible.ini" in names
 
 
 def test_itbench_run_refuses_what_it_cannot_use(tmp_path: Path) -> None:
+    needs_ansible()
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     done = cmbs("itbench", "run", str(bad), "--workdir", str(tmp_path / "w"), "--agent", "x")
@@ -290,6 +309,7 @@ def test_itbench_run_refuses_what_it_cannot_use(tmp_path: Path) -> None:
 
 def test_a_full_disk_while_preparing_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
     """A real write failure (the file size limit, as a full disk) halfway through DIR."""
+    needs_ansible()
     data = tmp_path / "data.json"
     vars_ = {"ansible_ini": "x", "ansible_user_key": "k" * 100_000}  # over the limit
     data.write_text(json.dumps({"goal": "Use ansible.", "vars": vars_}))
@@ -368,7 +388,8 @@ def test_kubernetes_signals_on_captured_outputs(
 def test_kubectl_opa_is_scored_against_the_evaluators_cluster(tmp_path: Path) -> None:
     """No API server can run here: with an unreachable cluster IT-Bench's run of the
     agent's script collects nothing, and the workdir fails; the Kyverno kinds are
-    refused in one line."""
+    refused in one line. Without kubectl there is no verdict at all (exit 2: see
+    tests/test_itbench_tools.py)."""
     workdir = tmp_path / "agent"
     workdir.mkdir()
     (workdir / "script.sh").write_text("kubectl get pods -A -o json > collected_data.json\n")
@@ -380,11 +401,14 @@ def test_kubectl_opa_is_scored_against_the_evaluators_cluster(tmp_path: Path) ->
         "contexts: [{name: c, context: {cluster: k, user: u}}]\nusers: [{name: u, user: {}}]\n"
     )
     done = cmbs("itbench", "evaluate", str(workdir), "--kubeconfig", str(kubeconfig), "--json")
-    assert done.returncode == 1, done.stderr
-    evaluation = json.loads(done.stdout)
-    assert evaluation["pass"] is False and evaluation["details"]["kind"] == "kubectl-opa"
-    collector = evaluation["details"]["collector"]
-    assert collector["command"] == "sh script.sh" and collector["exit_status"] != 0
+    if shutil.which("kubectl") is None:  # CI installs no kubectl: IT-Bench cannot score
+        assert done.returncode == 2 and "cannot score: kubectl not found" in done.stderr
+    else:
+        assert done.returncode == 1, done.stderr
+        evaluation = json.loads(done.stdout)
+        assert evaluation["pass"] is False and evaluation["details"]["kind"] == "kubectl-opa"
+        collector = evaluation["details"]["collector"]
+        assert collector["command"] == "sh script.sh" and collector["exit_status"] != 0
     refused = cmbs("itbench", "evaluate", str(workdir), "--kind", "kyverno-update")
     assert refused.returncode == 2 and "live cluster" in refused.stderr
     assert len(refused.stderr.splitlines()) == 1
@@ -393,6 +417,7 @@ def test_kubectl_opa_is_scored_against_the_evaluators_cluster(tmp_path: Path) ->
 def test_what_the_agent_leaves_is_never_followed(tmp_path: Path) -> None:
     """A hostile agent leaves links where cmbs writes its result and where the evaluator
     reads the playbook: the operator's files are neither overwritten nor read."""
+    needs_ansible()
     mine, secret = tmp_path / "operator.txt", tmp_path / "secret.txt"
     mine.write_text("mine")
     secret.write_text("- hosts: all  # the operator's secret\n")

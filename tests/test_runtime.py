@@ -91,7 +91,9 @@ async def test_deadline_kills_a_forking_command_and_ends_the_run() -> None:
     assert result.outcome is Outcome.DEADLINE_EXCEEDED
     assert result.reason == "deadline of 1 s exceeded"
     assert result.sandbox == "bwrap"
-    assert elapsed < 3.0
+    # the sleep is days long: ending at all is the kill; a loaded machine may take a while
+    # to start the sandbox, so no tight bound on when
+    assert elapsed < 30
     assert processes_with(mark) == []
 
 

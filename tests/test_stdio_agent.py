@@ -76,6 +76,37 @@ async def test_a_crash_is_an_agent_error_with_its_stderr(tmp_path: Path) -> None
     assert "Traceback: model weights missing" in result.reason
 
 
+CHATTY_CRASH = (
+    "read turn; i=0; while [ $i -lt 3000 ]; do "
+    'echo "log line $i, padded ..................................................." >&2; '
+    "i=$((i+1)); done; echo 'Traceback: the end' >&2; exit 3"
+)
+
+
+@pytest.mark.parametrize("isolate", ["group", "sandbox"])
+async def test_a_crash_keeps_the_last_64_kib_of_its_stderr_in_the_result(
+    isolate: Isolation,
+) -> None:
+    """Some 250 KiB on stderr, then a crash: the result keeps the last 64 KiB as written
+    (lines and all), the reason the end of it on one line."""
+    if isolate == "sandbox" and find_bwrap() is None:
+        pytest.skip("bubblewrap is not installed")
+    result = await run_scenario(
+        SPEC, agent=StdioAgent(CHATTY_CRASH, isolate=isolate), executor=NullExecutor()
+    )
+    assert result.outcome is Outcome.AGENT_ERROR and result.reason is not None
+    kept = result.agent_stderr
+    assert kept is not None and kept.endswith(
+        "log line 2999, padded " + "." * 51 + "\nTraceback: the end\n"
+    )
+    assert 60_000 < len(kept.encode()) <= 64 << 10 and "log line 0," not in kept
+    assert result.summary()["agent_stderr"] == kept and "agent_stderr" not in result.summary(
+        output=False
+    )
+    assert "Traceback: the end" in result.reason and "\n" not in result.reason
+    assert len(result.reason) < 2200
+
+
 async def test_a_hang_is_an_agent_error_and_the_program_is_gone(tmp_path: Path) -> None:
     script = tmp_path / "agent.sh"
     script.write_text("echo 'thinking...' >&2\nwhile :; do sleep 1; done\n")

@@ -44,7 +44,8 @@ from .base import AgentMessage
 
 __all__ = ["AgentProcessError", "AgentSandbox", "Isolation", "StdioAgent"]
 
-_STDERR_TAIL = 2000
+_STDERR_KEPT = 64 << 10  # the last bytes of the program's stderr kept for the result
+_STDERR_SAID = 2000  # the last characters of it in the error's message, on one line
 _GRACE = 1.0  # seconds between asking the program to end and killing it
 
 #: How the program is kept in: ``"sandbox"`` (bubblewrap), ``"group"`` (a process group,
@@ -53,7 +54,13 @@ Isolation = Literal["auto", "sandbox", "group"]
 
 
 class AgentProcessError(CmbsError, RuntimeError):
-    """The agent program crashed, hung or closed its output; the message says which."""
+    """The agent program crashed, hung or closed its output; the message says which, with
+    the end of its stderr on one line. :attr:`stderr` holds the last 64 KiB of its stderr
+    as it wrote them (a run keeps them as its result's ``agent_stderr``)."""
+
+    def __init__(self, message: str, *, stderr: str = "") -> None:
+        super().__init__(message)
+        self.stderr = stderr
 
 
 @dataclass(frozen=True)
@@ -184,9 +191,11 @@ class StdioAgent(Closing):
         return self._program
 
     async def _failed(self, what: str) -> NoReturn:
-        tail = self._program.stderr_tail() if self._program is not None else ""
+        kept = self._program.stderr_tail() if self._program is not None else ""
+        tail = " ".join(kept[-_STDERR_SAID:].split())
         await self.aclose()
-        raise AgentProcessError(f"agent program {what}" + (f"; stderr: {tail}" if tail else ""))
+        said = f"agent program {what}" + (f"; stderr: {tail}" if tail else "")
+        raise AgentProcessError(said, stderr=kept)
 
     @property
     def containment(self) -> Containment | None:
@@ -212,7 +221,8 @@ class _Program(Protocol):
     async def exit_status(self, wait: float) -> int | None:
         """Its exit status, waiting at most ``wait`` seconds for it (``None``: still runs)."""
 
-    def stderr_tail(self) -> str: ...
+    def stderr_tail(self) -> str:
+        """The last 64 KiB of its stderr, as text."""
 
     async def end(self, *, grace: float) -> None:
         """Close its input, ``grace`` seconds, then kill all of it (the caller shields
@@ -328,10 +338,10 @@ class _Tail:
             if not chunk:
                 return False
             self._kept += chunk
-            del self._kept[:-_STDERR_TAIL]
+            del self._kept[:-_STDERR_KEPT]
 
     def text(self) -> str:
-        return " ".join(self._kept.decode("utf-8", "replace").split())
+        return self._kept.decode("utf-8", "replace")
 
 
 class _Grouped:
@@ -382,8 +392,8 @@ class _Grouped:
 
     def stderr_tail(self) -> str:
         self._stderr.seek(0, os.SEEK_END)
-        self._stderr.seek(max(self._stderr.tell() - _STDERR_TAIL, 0))
-        return " ".join(self._stderr.read().decode("utf-8", "replace").split())
+        self._stderr.seek(max(self._stderr.tell() - _STDERR_KEPT, 0))
+        return self._stderr.read().decode("utf-8", "replace")
 
     async def end(self, *, grace: float) -> None:
         """TERM the group, ``grace`` seconds, then KILL whatever is left of it."""

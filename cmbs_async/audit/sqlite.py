@@ -453,21 +453,24 @@ class SQLiteAuditStore:
             except sqlite3.Error as exc:
                 raise AuditError(f"cannot read audit database {self.path}: {exc}") from exc
 
-    def integrity_problems(self, session_id: str | None = None) -> list[str]:
+    def integrity_problems(
+        self, session_id: str | None = None, *, trusted_key: str | None = None
+    ) -> list[str]:
         """What ``verify`` finds without a key: :meth:`structure_problems`, and every
         session's (or one session's) chain: each record's hash, order, columns and shape,
         and where its head says it ends. Cheap (no signature is checked), so ``show`` and
         ``replay`` run it first; an edit that is re-hashed passes it, and only a key
-        catches that (``verify``)."""
+        catches that (``verify``). With ``trusted_key``, the session's records and head
+        must also be signed by it (the log over all sessions is ``verify``'s)."""
         problems = self.structure_problems()
         try:
-            return self._integrity(problems, session_id)
+            return self._integrity(problems, session_id, trusted_key)
         except AuditError as exc:
             if not problems:
                 raise
             return [*problems, f"the tables cannot be read as the store's ({_cause(exc)}): rebuilt"]
 
-    def _integrity(self, problems: list[str], session_id: str | None) -> list[str]:
+    def _integrity(self, problems: list[str], session_id: str | None, key: str | None) -> list[str]:
         sessions = self._typed(
             "sessions",
             "SELECT session_id, public_key, head_seq, head_hash, head_signature FROM sessions "
@@ -488,7 +491,9 @@ class SQLiteAuditStore:
             grouped.setdefault(row[0], {}).setdefault(row[1], row)
         for name in sorted(set(grouped) | set(heads)):
             rows_of = list(grouped.get(name, {}).values())
-            problems += _verify_session(name, rows_of, heads.get(name), None, "", signatures=False)
+            problems += _verify_session(
+                name, rows_of, heads.get(name), key, "the trusted key", signatures=key is not None
+            )
         return problems
 
     def _typed(self, table: str, sql: str, problems: list[str]) -> list[tuple[Any, ...]]:

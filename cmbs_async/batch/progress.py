@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Collection
 from typing import Any, TextIO
 
 from .._text import escape_controls
@@ -13,8 +14,19 @@ __all__ = ["Progress"]
 
 
 class Progress:
-    def __init__(self, total: int, *, already: int = 0, stream: TextIO | None = None) -> None:
+    """``retried`` names the keys of runs done again (``--retry-errors``): their lines
+    say so."""
+
+    def __init__(
+        self,
+        total: int,
+        *,
+        already: int = 0,
+        stream: TextIO | None = None,
+        retried: Collection[str] = (),
+    ) -> None:
         self.stream = stream or sys.stderr
+        self.retried = frozenset(retried)
         self.live = self.stream.isatty()
         self.total = total
         self.done = already
@@ -37,10 +49,11 @@ class Progress:
         if self.live:
             self._draw()
         else:
+            again = ", retried" if record.get("key") in self.retried else ""
             line = (
                 f"[{self.done}/{self.total}] {record.get('scenario_id')} {record.get('agent')} "
                 f"#{record.get('repeat')}: {record.get('outcome')} "
-                f"({float(record.get('duration_s') or 0):.2f} s)"
+                f"({float(record.get('duration_s') or 0):.2f} s{again})"
             )
             self.stream.write(escape_controls(line) + "\n")
             self.stream.flush()

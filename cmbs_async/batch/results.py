@@ -9,20 +9,55 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .._reading import ReadError, read_bytes
-from ..result import ScenarioResult
+from ..result import Outcome, ScenarioResult
 from .jobs import BatchError, Job
 
-__all__ = ["RESULTS_MAX_BYTES", "ResultLog", "error_record", "result_record"]
+__all__ = [
+    "ERROR_OUTCOMES",
+    "RESULTS_MAX_BYTES",
+    "ResultLog",
+    "error_record",
+    "is_error",
+    "judged",
+    "result_record",
+]
 
 #: The largest results file read back for ``--resume``.
 RESULTS_MAX_BYTES = 1 << 30
+
+#: Outcomes that say the run could not be carried out (the agent's program or endpoint,
+#: the executor, the audit trail, the runner), not how the agent did: ``--retry-errors``
+#: runs them again and ``--maxfail`` counts them.
+ERROR_OUTCOMES: frozenset[str] = frozenset(
+    {
+        Outcome.AGENT_ERROR.value,
+        Outcome.EXECUTOR_ERROR.value,
+        Outcome.AUDIT_ERROR.value,
+        "runner_error",
+    }
+)
+
+
+def is_error(record: dict[str, Any]) -> bool:
+    """Whether a result line is a run that ended in an error outcome."""
+    return record.get("outcome") in ERROR_OUTCOMES
+
+
+def judged(record: dict[str, Any], expected: str | None) -> dict[str, Any]:
+    """``record`` with ``expected`` (the scenario's expected posture, or None) and
+    ``correct``: whether the run earned its termination with that posture (None where
+    nothing is expected)."""
+    correct = None
+    if expected is not None:
+        correct = record.get("outcome") == Outcome.TERMINATED and record.get("posture") == expected
+    return record | {"expected": expected, "correct": correct}
 
 
 def result_record(
     job: Job, result: ScenarioResult, started: float, finished: float
 ) -> dict[str, Any]:
     """The fields of ``cmbs run --json`` plus the batch's own."""
-    return {
+    record = {
         "key": job.key,
         "scenario_file": job.scenario_file,
         "agent": job.agent,
@@ -31,11 +66,12 @@ def result_record(
         "started_at": round(started, 6),
         "finished_at": round(finished, 6),
     }
+    return judged(record, job.spec.expected)
 
 
 def error_record(job: Job, reason: str, started: float, finished: float) -> dict[str, Any]:
     """A run the runner itself could not complete: recorded, never silently lost."""
-    return {
+    record = {
         "key": job.key,
         "scenario_file": job.scenario_file,
         "agent": job.agent,
@@ -51,19 +87,27 @@ def error_record(job: Job, reason: str, started: float, finished: float) -> dict
         "started_at": round(started, 6),
         "finished_at": round(finished, 6),
     }
+    return judged(record, job.spec.expected)
 
 
 class ResultLog:
-    """Appends result lines durably; knows which keys already have a result."""
+    """Appends result lines durably; knows which keys already have a result.
 
-    def __init__(self, path: str | Path, *, resume: bool) -> None:
+    With ``retry_errors``, a key whose last result is an error outcome (see
+    :data:`ERROR_OUTCOMES`) counts as not done (``retrying`` lists those results); its new
+    result is appended, and the later line of a key is the one that counts.
+    """
+
+    def __init__(self, path: str | Path, *, resume: bool, retry_errors: bool = False) -> None:
         self.path = Path(path)
         self.previous: list[dict[str, Any]] = []
         if self.path.exists() and not resume:
             raise BatchError(f"{self.path} exists: pass --resume to continue it, or another --out")
         if self.path.exists():
             self.previous = self._read_back()
-        self.done = {record["key"] for record in self.previous}
+        latest = {record["key"]: record for record in self.previous}
+        self.retrying = [r for r in latest.values() if retry_errors and is_error(r)]
+        self.done = set(latest) - {record["key"] for record in self.retrying}
         self.written: list[dict[str, Any]] = []
         self._handle: TextIO | None = None  # opened at the first result: a failed start
         # leaves no file behind (which a retry would then refuse)
@@ -105,8 +149,10 @@ class ResultLog:
 
     @property
     def records(self) -> list[dict[str, Any]]:
-        """Every result in the file: from before (when resuming) and from this run."""
-        return self.previous + self.written
+        """The result of every run in the file, from before (when resuming) and from this
+        run: the last line of each key, where a run was retried."""
+        latest = {record["key"]: record for record in self.previous + self.written}
+        return list(latest.values())
 
     def close(self) -> None:
         if self._handle is not None:

@@ -18,7 +18,7 @@ from ..audit.store import AuditStore
 from ..runtime import run_scenario
 from .jobs import Job
 from .progress import Progress
-from .results import ResultLog, error_record, result_record
+from .results import ResultLog, error_record, is_error, result_record
 
 __all__ = ["BatchReport", "run_batch", "tune_gc_for_batches"]
 
@@ -35,9 +35,15 @@ def tune_gc_for_batches() -> None:
 
 @dataclass
 class BatchReport:
+    """What a batch did: ``records`` of the runs it ran, ``skipped`` the jobs with a result
+    from before, ``not_started`` the jobs left when ``--maxfail`` stopped it
+    (``stopped_early``)."""
+
     records: list[dict[str, Any]] = field(default_factory=list)
     skipped: int = 0
     interrupted: bool = False
+    stopped_early: bool = False
+    not_started: int = 0
 
 
 async def run_batch(
@@ -50,21 +56,29 @@ async def run_batch(
     progress: Progress | None = None,
     audit: AuditStore | None = None,
     score: Callable[[str], Awaitable[bool]] | None = None,
+    maxfail: int | None = None,
 ) -> BatchReport:
     """Run the jobs ``log`` has no result for yet; each result is written as it finishes.
 
     ``agents(spec)`` gives a factory of fresh agents for an agent spec. ``score(workdir)``,
     if given, judges what each run left in its workdir (IT-Bench's pass criterion, say)
-    before the workdir is removed; the record keeps it as ``itbench_pass``.
+    before the workdir is removed; the record keeps it as ``itbench_pass``. After
+    ``maxfail`` runs ended in an error outcome, no new run starts (those in flight finish)
+    and the report says ``stopped_early``.
     """
     report = BatchReport()
+    errors = 0
     todo = [job for job in jobs if log is None or job.key not in log.done]
     report.skipped = len(jobs) - len(todo)
     limiter = anyio.CapacityLimiter(max(concurrency, 1))
     factories = {spec: agents(spec) for spec in {job.agent for job in todo}}
 
     async def one(job: Job) -> None:
+        nonlocal errors
         async with limiter:
+            if report.stopped_early:
+                report.not_started += 1
+                return
             if progress:
                 progress.start()
             started = time.time()
@@ -86,6 +100,9 @@ async def run_batch(
                 log.append(record)
             if progress:
                 progress.finish(record)
+            if is_error(record):
+                errors += 1
+                report.stopped_early |= maxfail is not None and errors >= maxfail
 
     async with anyio.create_task_group() as tg:
         for job in todo:

@@ -41,6 +41,7 @@ from ..audit.log import (
 from ..audit.shape import data_problem
 from ..audit.signing import load_key, normal_public_key
 from ..audit.store import AuditRecord
+from ..profile import Profile, load_profile
 from ..protocol import Output
 from ..replayer import replay
 
@@ -104,6 +105,12 @@ def add_audit_commands(sub: Any) -> None:
     again = sub.add_parser("replay", help="re-run the gate over a recorded session")
     again.add_argument("db", help="audit database (SQLite)")
     again.add_argument("session", help="session id (a unique prefix is enough)")
+    again.add_argument(
+        "--profile",
+        metavar="FILE|NAME",
+        help="judge the recorded steps under this profile instead (nothing runs again): "
+        "each verdict that changes is listed",
+    )
 
 
 def run_audit_command(args: argparse.Namespace) -> int:
@@ -117,7 +124,8 @@ def run_audit_command(args: argparse.Namespace) -> int:
     try:
         if args.command == "replay":
             _refuse_tampered(store, store.structure_problems())
-            return _replay(store, args.session)
+            profile = load_profile(args.profile) if args.profile else None
+            return _replay(store, args.session, profile)
         if args.verb == "head":
             key = _existing_key(args.signing_key or default_data_dir() / "signing_key")
             print(json.dumps(signed_checkpoint(store, key)))
@@ -200,7 +208,7 @@ def _verify(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     try:
         if trusted is None:  # none given: the operator's own signing key, where runs make it
-            trusted, source = _default_trust()
+            trusted, source = default_trusted_key()
         return _report(store, trusted, source, checkpoint)
     finally:
         store.close()
@@ -212,7 +220,7 @@ def _trust(args: argparse.Namespace) -> tuple[str | None, str, dict[str, Any] | 
     checkpoint given alone brings its key: the operator kept it outside the database."""
     trusted, source = None, ""
     if args.public_key is not None:
-        trusted, source = _public_key(args.public_key)
+        trusted, source = public_key_option(args.public_key)
     if args.signing_key:
         trusted = public_key_text(_existing_key(args.signing_key))
         source = f"--signing-key {args.signing_key}"
@@ -236,7 +244,7 @@ def _trust(args: argparse.Namespace) -> tuple[str | None, str, dict[str, Any] | 
     return trusted, source, checkpoint
 
 
-def _public_key(value: str) -> tuple[str, str]:
+def public_key_option(value: str) -> tuple[str, str]:
     """``--public-key``: a file holding the key (base64 or PEM), else the base64 key."""
     if os.path.exists(value):
         try:
@@ -251,7 +259,7 @@ def _public_key(value: str) -> tuple[str, str]:
         raise AuditUsageError(escape_controls(f"--public-key: no such file, and {exc}")) from None
 
 
-def _default_trust() -> tuple[str, str]:
+def default_trusted_key() -> tuple[str, str]:
     """The public half of the signing key runs use by default; one line if there is none."""
     path = default_data_dir() / "signing_key"
     try:
@@ -412,18 +420,19 @@ def _observed(data: dict[str, object]) -> str:
     return str(data.get("error") or f"exit {data.get('exit_status')}")
 
 
-def _replay(store: SQLiteAuditStore, prefix: str) -> int:
+def _replay(store: SQLiteAuditStore, prefix: str, profile: Profile | None) -> int:
     session_id = _session(store, prefix)
     _refuse_tampered(store, store.integrity_problems(session_id))
     try:
-        report = replay(store, session_id)
+        report = replay(store, session_id, profile=profile)
     except AuditError as exc:
         raise AuditUsageError(str(exc)) from exc
     for mismatch in report.mismatches:
         print(escape_controls(f"DIFFERENT: {mismatch}"))
     verdict = "identical" if report.identical else f"{len(report.mismatches)} difference(s)"
+    under = f" under profile {profile.name}" if profile is not None else ""
     print(
         f"session {session_id}: {report.decisions} decision(s) and {report.reconciles} "
-        f"reconcile(s) replayed: {verdict}"
+        f"reconcile(s) replayed{under}: {verdict}"
     )
     return EXIT_OK if report.identical else EXIT_FAILED

@@ -20,6 +20,7 @@ from executors.sandbox import SandboxUser
 from ..agents import Agent
 from ..itbench import (
     DEADLINE_S,
+    CannotScore,
     Flip,
     ItbenchError,
     Kind,
@@ -27,10 +28,12 @@ from ..itbench import (
     agent_file,
     check_strict,
     collected_kind,
+    command_search,
     evaluate,
     guess_kind,
     itbench_scenario,
     load_scenario_data,
+    missing_program,
     prepare_workdir,
     replace_file,
     targets,
@@ -53,6 +56,7 @@ __all__ = [
 
 EXIT_PASSED = 0
 EXIT_FAILED = 1
+EXIT_CANNOT_SCORE = 2
 
 _KINDS = [kind.value for kind in Kind]
 
@@ -170,6 +174,13 @@ def prepare_itbench_run(
         containment = containment | {"user": SandboxUser.fresh()}
     executor = executor_from_spec("local", **containment)
     try:
+        search = command_search(executor)  # what the agent's commands will need to find
+        missing = None if search is None else missing_program(kind, search)
+        if missing is not None:
+            raise ItbenchError(
+                f"{missing} not found on the PATH commands run with: a {kind.value} "
+                "scenario runs it (install it, or put it on PATH)"
+            )
         if isinstance(executor, LocalExecutor):  # a DIR the sandbox refuses: before it is made
             try:
                 executor.check_workdir(os.path.abspath(args.workdir))
@@ -204,7 +215,8 @@ def finish_itbench_run(args: argparse.Namespace, result: ScenarioResult | None) 
 
 
 def run_evaluate(args: argparse.Namespace, containment: dict[str, Any]) -> int:
-    """``cmbs itbench evaluate``: writes evaluation.json; exit 0 passed, 1 failed."""
+    """``cmbs itbench evaluate``: writes evaluation.json; exit 0 passed, 1 failed, 2 when
+    it cannot score (the evaluator's programs missing where its commands run)."""
     workdir = Path(args.workdir)
     if not workdir.is_dir():
         raise ItbenchError(f"{workdir} is not a directory")
@@ -231,7 +243,11 @@ def run_evaluate(args: argparse.Namespace, containment: dict[str, Any]) -> int:
                 **opposite,
             )
 
-    evaluation = anyio.run(cancel_on_signals, score, backend=args.backend)
+    try:
+        evaluation = anyio.run(cancel_on_signals, score, backend=args.backend)
+    except CannotScore as exc:  # a missing tool is no verdict on the agent: nothing written
+        print(f"cmbs itbench: cannot score: {exc}", file=sys.stderr)
+        return EXIT_CANNOT_SCORE
     out = Path(args.out) if args.out else workdir / "evaluation.json"
     try:
         out.write_text(evaluation.to_json())

@@ -13,7 +13,7 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, NoReturn
 
@@ -23,13 +23,13 @@ from executors import Executor, ExecutorError, LocalExecutor
 
 from .._errors import CmbsError
 from ..agents import Agent
-from ..audit import SQLiteAuditStore, default_data_dir, load_or_create_key
+from ..audit import SQLiteAuditStore, default_data_dir
 from ..demo import demo_agent, demo_scenario
 from ..handle import RunHandle
 from ..mcp_server import serve_stdio
 from ..profile import Profile, builtin_profiles, load_profile
 from ..protocol import Turn
-from ..result import ScenarioResult
+from ..result import ScenarioResult, TraceEntry
 from ..review import ConsoleHuman, OpenAIReviewer, Review, load_config
 from ..runtime import run_scenario
 from ..scenario import ScenarioSpec, load_scenario
@@ -44,16 +44,19 @@ from .itbench import (
     run_evaluate,
 )
 from .logs import LEVELS, logging_to_stderr
-from .render import render_result
+from .render import render_outcome, render_result, render_step
 from .signals import Interrupted, cancel_on_signals
 from .specs import (
     add_agent_options,
     add_sandbox_option,
     agent_from_spec,
     agent_options,
+    audit_path,
+    audit_store,
+    containment_options,
     executor_from_spec,
-    secrets_of,
 )
+from .view import add_view_command, run_view_command
 
 __all__ = ["main"]
 
@@ -198,6 +201,7 @@ def _parser() -> argparse.ArgumentParser:
         "--turn", action="store_true", help="the schema of a turn (what an agent is sent) instead"
     )
     add_audit_commands(sub)
+    add_view_command(sub)
     add_batch_command(sub, _common(("asyncio", "trio", "ray")))
     add_itbench_command(sub, common=common, recorded=recorded, seconds=_positive(float))
     return parser
@@ -238,16 +242,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command in ("audit", "replay"):
             return run_audit_command(args)
+        if args.command == "view":
+            return run_view_command(args)
         with logging_to_stderr(args.log_level, args.log_format):
             if args.command == "batch":
                 return run_batch_command(args)
             if args.command == "mcp":
                 return _serve_mcp(args)
             if args.command == "itbench" and args.itbench_command == "evaluate":
-                return run_evaluate(args, _containment(args, recorded=False))
+                return run_evaluate(args, containment_options(args, recorded=False))
             spec, agent, executor, options = _prepare(args)
-            store = _audit_store(args)
+            store = audit_store(args)
             handle = RunHandle()
+            live = _live(args)
+            if live is not None:
+                options = options | {"on_step": live}
             try:
                 result = anyio.run(
                     _run,
@@ -281,12 +290,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_EARNED if result.earned else EXIT_NOT_EARNED
 
 
+def _live(args: argparse.Namespace) -> Callable[[TraceEntry], None] | None:
+    """On a terminal (and without ``--json``), what prints each step as it happens: one
+    line a step (its header first), and the outcome alone at the end."""
+    if not _on_terminal(args):
+        return None
+    first = True
+
+    def show(entry: TraceEntry) -> None:
+        nonlocal first
+        try:
+            if first:
+                print(f"{'step':>4}  {'action':<15}  {'verdict':<9}  message  observed")
+                first = False
+            print(render_step(entry), flush=True)
+        except OSError:  # the terminal went away: the run goes on, its record with it
+            pass
+
+    return show
+
+
+def _on_terminal(args: argparse.Namespace) -> bool:
+    return not args.json and sys.stdout.isatty()
+
+
 def _print_result(
     args: argparse.Namespace, result: ScenarioResult, store: SQLiteAuditStore | None
 ) -> None:
     try:
         if args.json:
-            print(json.dumps(result.summary() | {"audit_db": _audit_path(args)}, indent=2))
+            print(json.dumps(result.summary() | {"audit_db": audit_path(args)}, indent=2))
+        elif _on_terminal(args):  # its steps are on the terminal already
+            print("\n" + render_outcome(result))
+            if store is not None:
+                print(f"audit     session {result.session_id} in {store.path}")
         else:
             print(render_result(result))
             if store is not None:
@@ -301,43 +338,10 @@ def _stdout_gone() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def _audit_path(args: argparse.Namespace) -> str | None:
-    if args.no_audit:
-        return None
-    return str(args.audit_db or default_data_dir() / "audit.db")
-
-
-def _audit_store(args: argparse.Namespace) -> SQLiteAuditStore | None:
-    path = _audit_path(args)
-    if path is None:
-        if args.head_out:
-            raise UsageError("--head-out needs the audit trail (drop --no-audit)")
-        return None
-    key = load_or_create_key(args.signing_key or default_data_dir() / "signing_key")
-    return SQLiteAuditStore(path, key=key)
-
-
-def _containment(args: argparse.Namespace, *, recorded: bool = True) -> dict[str, Any]:
-    """The sandbox asked for, where workdirs live, and the operator's secrets a sandboxed
-    command (or agent program) must not see."""
-    key = (args.signing_key if recorded else None) or default_data_dir() / "signing_key"
-    root = args.workdir_root
-    named = getattr(args, "workdir", None)
-    if root is None and named:  # the operator named the workdir: its parent holds it
-        root = os.path.dirname(os.path.abspath(named))
-    return {
-        "sandbox": args.sandbox,
-        "hidden": secrets_of(key, _audit_path(args) if recorded else None),
-        "command": args.command,
-        "workdir_root": root,
-        "user": args.sandbox_user,
-    }
-
-
 def _agent(args: argparse.Namespace, executor: Executor, profile: Profile) -> Agent:
     """The ``--agent`` of ``run`` and ``itbench run``; a stdio program in a sandbox that
     hides what the commands' sandbox hides, and every workdir."""
-    containment = _containment(args)
+    containment = containment_options(args)
     root = executor.workdir_root if isinstance(executor, LocalExecutor) else None
     options = agent_options(args, hidden=containment["hidden"], workdir_root=root)
     return agent_from_spec(args.agent, profile=profile, options=options)
@@ -356,9 +360,14 @@ def _prepare(
     args: argparse.Namespace,
 ) -> tuple[ScenarioSpec, Agent, Executor, dict[str, Any]]:
     if args.command == "demo":
-        return demo_scenario(), demo_agent(), executor_from_spec("local", **_containment(args)), {}
+        return (
+            demo_scenario(),
+            demo_agent(),
+            executor_from_spec("local", **containment_options(args)),
+            {},
+        )
     if args.command == "itbench":
-        return prepare_itbench_run(args, _containment(args), partial(_agent, args))
+        return prepare_itbench_run(args, containment_options(args), partial(_agent, args))
     spec, overrides = _scenario(args)
     profile = overrides["profile"]
     if args.config:
@@ -402,7 +411,7 @@ def _executor(args: argparse.Namespace, spec: ScenarioSpec) -> Executor:
         raise UsageError("the SSH executor needs --backend asyncio (asyncssh does not run on trio)")
     return executor_from_spec(
         where,
-        **_containment(args),
+        **containment_options(args),
         identities=args.identity,
         known_hosts=args.known_hosts,
         host_key=args.host_key or spec.host_key,
@@ -423,7 +432,7 @@ def _serve_mcp(args: argparse.Namespace) -> int:
     except BaseException:
         anyio.run(executor.aclose)
         raise
-    store = _audit_store(args)
+    store = audit_store(args)
 
     async def serve() -> ScenarioResult | None:
         async with executor, Session(spec, executor=executor, audit=store, **options) as session:

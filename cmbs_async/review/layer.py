@@ -128,7 +128,13 @@ class ReviewLayer:
                 number, flags, verdict, fail_closed, ReviewAction.PAUSED_NO_HUMAN, attempts=attempts
             )
         decision = await human.decide(
-            HumanRequest(scenario_id=self.scenario_id, step=number, reasoning=reasoning)
+            HumanRequest(
+                scenario_id=self.scenario_id,
+                step=number,
+                reasoning=reasoning,
+                action=step.action.type,
+                payload=step.action.payload,
+            )
         )
         if decision.decision == "modify":
             self.state.attempts[key] += 1

@@ -95,15 +95,37 @@ Respond with:
 - CORRECTION: (if REORIENT) Specific guidance for the agent"""
 
 
+#: The most of each section the reviewer is shown (characters): what the agent wrote (its
+#: commitment and self-assessment), what its commands printed (the trace), the flags.
+SECTION_CHARS = 4000
+_FLAGS_SHOWN = 20
+_FLAG_CHARS = 300
+
+
 def build_prompt(request: ReviewRequest) -> str:
-    flags = "\n".join(f"- {f.trigger} ({f.severity.value}): {f.detail}" for f in request.flags)
+    """The seed's prompt for ``request``, every section bounded (:data:`SECTION_CHARS`, at
+    most 20 flags): an agent's long step or a command's long output cannot make the
+    review arbitrarily large or slow."""
+    flags = "\n".join(
+        f"- {f.trigger} ({f.severity.value}): {_cut(f.detail, _FLAG_CHARS)}"
+        for f in request.flags[:_FLAGS_SHOWN]
+    )
+    if len(request.flags) > _FLAGS_SHOWN:
+        flags += f"\n- ... {len(request.flags) - _FLAGS_SHOWN} more flags"
     return _PROMPT.format(
-        goal=request.goal,
-        commitment=request.commitment or "(none)",
-        trace=request.trace or "(nothing executed)",
-        assessment=request.assessment or "(none)",
+        goal=_cut(request.goal, SECTION_CHARS),
+        commitment=_cut(request.commitment, SECTION_CHARS) or "(none)",
+        trace=_cut(request.trace, SECTION_CHARS) or "(nothing executed)",
+        assessment=_cut(request.assessment, SECTION_CHARS) or "(none)",
         flags=flags or "(none)",
     )
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text``, or its first ``limit`` characters and a note of how many were left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[... {len(text) - limit} more characters not shown]"
 
 
 _FIELD = re.compile(
