@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import httpx
+import pytest
 from anyio.abc import SocketAttribute, SocketStream
 
 from cmbs_async import CallableAgent, ScenarioSpec, ScriptedAgent, Turn
@@ -62,6 +63,24 @@ def evaluation_ran(command: str) -> dict[str, Any]:
         if before in roles
     )
     return {"argv": (program.path, *words[1:]), "program": program, "inputs": inputs}
+
+
+def needs_ansible() -> None:
+    """Skip a test that runs ansible-playbook where the ``ciso`` extra is not installed
+    (``itbench run`` of a RHEL9 scenario starts only where its commands find it); in CI it
+    must be there."""
+    if not (Path(sys.executable).parent / "ansible-playbook").exists():
+        if os.environ.get("CI"):
+            pytest.fail("CI must have ansible-core")
+        pytest.skip("needs ansible-core (the ciso extra)")
+
+
+def needs_visible_venv() -> None:
+    """Skip an SSH test whose remote commands (this machine's, in the launcher's sandbox)
+    run this environment's programs, where the environment lives under ``/tmp``: the
+    sandbox gives commands a private ``/tmp``, so they cannot see it there."""
+    if Path(sys.executable).parent.resolve().is_relative_to("/tmp"):
+        pytest.skip("this environment is under /tmp, which the remote sandbox makes private")
 
 
 def demo_check() -> list[tuple[str, dict[str, Any]]]:

@@ -36,7 +36,7 @@ from cmbs_async.mcp_server import MESSAGE_MAX_BYTES
 from cmbs_async.replayer import replay
 from executors import NullExecutor
 
-from .helpers import CMBS, step
+from .helpers import CMBS, needs_ansible, step
 from .test_mcp import _server as _mcp_server
 from .test_mcp import _text
 
@@ -402,6 +402,7 @@ def test_an_itbench_workdir_that_reads_as_a_template_is_one_line(
 def test_itbench_run_checks_its_tar_and_its_workdir_before_making_anything(
     tmp_path: Path,
 ) -> None:
+    needs_ansible()  # its programs are checked first
     data = itbench_data(tmp_path)
     before = sorted(os.listdir(tmp_path))
     refused(

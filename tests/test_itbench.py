@@ -32,7 +32,15 @@ from cmbs_async.itbench import (
     prepare_workdir,
 )
 
-from .helpers import CMBS, POLICY, evaluation_ran, processes_with, step, unique_seconds
+from .helpers import (
+    CMBS,
+    POLICY,
+    evaluation_ran,
+    needs_ansible,
+    processes_with,
+    step,
+    unique_seconds,
+)
 from .sshd import ITBENCH_USER, LocalSshd, itbench_target, itbench_target_missing
 
 PACK = Path(__file__).parent.parent / "examples" / "ciso"
@@ -96,15 +104,6 @@ def scenario_data(target: LocalSshd, tmp_path: Path) -> Path:
     }
     path.write_text(json.dumps(data))
     return path
-
-
-def needs_ansible() -> None:
-    """``itbench run`` of a RHEL9 scenario starts only where its commands find
-    ansible-playbook (and opa or cmbs-opa)."""
-    if not (BIN / "ansible-playbook").exists():
-        if os.environ.get("CI"):
-            pytest.fail("CI must have ansible-core")
-        pytest.skip("needs ansible-core (the ciso extra)")
 
 
 def unreachable_rhel9(tmp_path: Path) -> Path:
@@ -447,10 +446,7 @@ def test_what_the_agent_leaves_is_never_followed(tmp_path: Path) -> None:
 def test_a_signal_stops_an_evaluation_and_leaves_nothing_running(tmp_path: Path) -> None:
     """The agent's playbook, re-run by the evaluator, starts a detached process and
     hangs; SIGTERM ends the evaluation: both processes die, its fresh copy is removed."""
-    if not (BIN / "ansible-playbook").exists():
-        if os.environ.get("CI"):
-            pytest.fail("CI must have ansible-core")
-        pytest.skip("needs ansible-core (the ciso extra)")
+    needs_ansible()
     marker, hang = unique_seconds(), unique_seconds()
     workdir, temporary = tmp_path / "agent", tmp_path / "tmp"
     workdir.mkdir()

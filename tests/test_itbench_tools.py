@@ -26,7 +26,7 @@ from cmbs_async.itbench import (
     with_key_file,
 )
 
-from .helpers import CMBS
+from .helpers import CMBS, needs_ansible
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "itbench" / "scenario_data.json"
 BIN = Path(sys.executable).parent
@@ -240,6 +240,7 @@ def test_every_host_line_gets_the_user_key(tmp_path: Path) -> None:
 
 
 def test_the_example_scenario_data_loads_and_runs_up_to_its_target(tmp_path: Path) -> None:
+    needs_ansible()
     data = load_scenario_data(EXAMPLE)
     assert guess_kind(data.goal_template) is Kind.RHEL9_ANSIBLE_OPA
     assert "ansible_ssh_private_key_file" not in data.vars["ansible_ini"]

@@ -37,6 +37,7 @@ from executors.ssh import (
 from .helpers import (
     files_under,
     listing,
+    needs_visible_venv,
     processes_with,
     step,
     swap_the_workdir_run,
@@ -98,6 +99,7 @@ async def contained(sshd: LocalSshd, request: pytest.FixtureRequest) -> AsyncIte
 
 
 async def test_a_whole_scenario_runs_over_ssh(executor: SSHExecutor) -> None:
+    needs_visible_venv()
     # the host is this machine: its cmbs-opa is this environment's
     path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
     spec = demo_scenario().model_copy(update={"env": {"PATH": path}})
@@ -113,6 +115,7 @@ async def test_over_ssh_what_ran_is_the_evaluation_and_a_copy_of_the_agents_file
 ) -> None:
     from .test_provenance import CLAIM, FABRICATIONS, SPEC
 
+    needs_visible_venv()
     path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
     env = CommandEnv(values={"PATH": path})
     workdir = await executor.prepare(None, {"a.json": "{}"}, env=env)
