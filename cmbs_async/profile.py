@@ -204,9 +204,15 @@ def load_profile(name_or_path: str | Path) -> Profile:
     if isinstance(name_or_path, str) and name_or_path in _builtin_names():
         return _load_builtin(name_or_path)
     path = Path(name_or_path)
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError:  # a name no file can have (too long, say)
+        found = False
+    if not found:
         known = ", ".join(builtin_profiles())
-        raise ProfileError(f"no profile {str(name_or_path)!r} (built-in: {known}; or a file path)")
+        said = str(name_or_path)
+        shown = repr(said if len(said) <= 80 else said[:80] + "...")
+        raise ProfileError(f"no profile {shown} (built-in: {known}; or a file path)")
     read = read_json if path.suffix == ".json" else read_yaml
     try:  # capped in size and nesting, as a scenario file is (8 MiB, 64 levels)
         data = read(path, what="a profile file")
