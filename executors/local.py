@@ -293,7 +293,9 @@ class LocalExecutor(Closing):
             return Program.model_validate(found) if found is not None else None
         # in the sandbox, as its commands: what they see, and what they could write there
         argv = [sys.executable, "-I", "-S", snapshot.__file__, name, search, workdir]
-        observed = await self._run(workdir, argv, shlex.join(argv), 60, declared, 0.0)
+        observed = await self._run(
+            workdir, argv, shlex.join(argv), 60, declared, anyio.current_time()
+        )
         if not observed.success:
             raise ExecutorError(f"cannot look for {name} in the sandbox: {observed.summary()}")
         found = json.loads(observed.stdout.text or "null")

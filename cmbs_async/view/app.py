@@ -100,7 +100,7 @@ def build_app(library: Library, *, token: str | None = None) -> Starlette:
     env = templates()
 
     def page(name: str, request: Request, **context: Any) -> HTMLResponse:
-        stamp = _stamps(library)
+        stamp = library.state()
         html = env.get_template(name).render(
             static=False, stamp=stamp, query=dict(request.query_params), **context
         )
@@ -164,7 +164,7 @@ def build_app(library: Library, *, token: str | None = None) -> Starlette:
         return page("batches.html", request, batches=found)
 
     async def stamp(request: Request) -> Response:
-        return JSONResponse({"stamp": _stamps(library)})
+        return JSONResponse({"stamp": library.state()})
 
     guard = [Middleware(BaseHTTPMiddleware, dispatch=_token_check(token))] if token else []
     return Starlette(
@@ -196,19 +196,6 @@ def _token_check(
         return response
 
     return check
-
-
-def _stamps(library: Library) -> str:
-    """What changes when any file the viewer shows does."""
-    parts = []
-    for path in [*library.databases, *library.results]:
-        for candidate in (path, path.with_name(path.name + "-wal")):
-            try:
-                info = candidate.stat()
-            except OSError:
-                continue
-            parts.append(f"{info.st_mtime_ns}:{info.st_size}")
-    return "-".join(parts)
 
 
 def _aligned(left: RunView, right: RunView) -> list[tuple[Any, Any, bool]]:

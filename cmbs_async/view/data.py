@@ -24,7 +24,7 @@ from ..audit.store import AuditRecord, RecordKind
 from ..profile import Profile
 from ..replayer import ReplayedStep, replay
 
-__all__ = ["Library", "RunRow", "RunView", "StepView", "Verification"]
+__all__ = ["Library", "RunRow", "RunView", "StepView", "Verification", "file_state"]
 
 #: the sessions begun and the runs ended since a record (records only ever grow)
 _BEGUN = """
@@ -136,12 +136,16 @@ class Library:
         with self._lock:
             found: list[RunRow] = []
             for number, source in enumerate(self._sources):
-                stamp = _stamp(source.path)
+                stamp = file_state(source.path)
                 if stamp != source.stamp:
                     _read_new(number, source)
                     source.stamp = stamp
                 found += source.rows.values()
         return sorted(found, key=lambda row: row.started or 0.0, reverse=True)
+
+    def state(self) -> str:
+        """What changes when any file shown does (a page reloads when it does)."""
+        return repr([file_state(path) for path in [*self.databases, *self.results]])
 
     def find(self, session_id: str) -> RunRow | None:
         return next((row for row in self.runs() if row.session_id == session_id), None)
@@ -169,7 +173,7 @@ class Library:
     def _verify(self, store: SQLiteAuditStore, session_id: str) -> Verification:
         """The session's records checked against the trusted key (once per state of its
         database: a signature check is the page's largest cost)."""
-        marker = (session_id, _stamp(store.path))
+        marker = (session_id, file_state(store.path))
         known = self._verified.get(marker)
         if known is None:
             known = self._verified[marker] = self._verified_now(store, session_id)
@@ -190,7 +194,7 @@ class Library:
         return [_batch(path) for path in self.results]
 
 
-def _stamp(path: Path) -> tuple[float, int] | None:
+def file_state(path: Path) -> tuple[float, int] | None:
     """What changes when a database does (its WAL included)."""
     stamps = []
     for candidate in (path, path.with_name(path.name + "-wal")):
