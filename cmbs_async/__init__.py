@@ -36,6 +36,7 @@ if typing.TYPE_CHECKING:
         load_or_create_key,
     )
     from .batch import BatchError
+    from .config import RunConfig
     from .evaluating import Programs, run_evaluation
     from .evaluators import Evaluation, Evaluator
     from .gate import Decision, Gate, Messages, ObservationOwed, Payload, Rules
@@ -88,6 +89,7 @@ if typing.TYPE_CHECKING:
     from .runtime import run_scenario
     from .scenario import ScenarioError, ScenarioSpec, load_scenario
     from .session import Session, SessionEnded, StepReply
+    from .telemetry import Telemetry, TelemetryError
 
 __version__ = "0.1.0"
 
@@ -150,6 +152,7 @@ __all__ = [
     "Review",
     "ReviewerError",
     "Rules",
+    "RunConfig",
     "RunHandle",
     "SQLiteAuditStore",
     "ScenarioError",
@@ -162,6 +165,8 @@ __all__ = [
     "StdioAgent",
     "StepReply",
     "SupervisionConfig",
+    "Telemetry",
+    "TelemetryError",
     "TraceEntry",
     "Turn",
     "Verdict",
@@ -260,6 +265,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "ReviewerError",
         "SupervisionConfig",
     ),
+    "config": ("RunConfig",),
+    "telemetry": ("Telemetry", "TelemetryError"),
     "handle": ("RunHandle",),
     "runtime": ("run_scenario",),
     "scenario": (

@@ -6,8 +6,9 @@ share it; every error the library raises on purpose derives from it.
 
 from __future__ import annotations
 
+import difflib
 import functools
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 from pydantic import ValidationError
@@ -25,12 +26,17 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def validation_reason(exc: ValidationError) -> str:
-    """The first error of a validation failure as ``where: what``."""
+def validation_reason(exc: ValidationError, *, fields: Collection[str] = ()) -> str:
+    """The first error of a validation failure as ``where: what``; a top-level name that
+    is not one of ``fields`` (the model's) names the field it is closest to."""
     error = exc.errors()[0]
     where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    what = error["msg"]
+    if error["type"] == "extra_forbidden" and len(error["loc"]) == 1 and fields:
+        close = difflib.get_close_matches(str(error["loc"][0]), fields, n=1, cutoff=0.6)
+        what = f"not a field here{f' (did you mean {close[0]}?)' if close else ''}"
     extra = f" ({len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-    return one_line(f"{where}: {error['msg']}{extra}")
+    return one_line(f"{where}: {what}{extra}")
 
 
 def single_failure(

@@ -34,6 +34,7 @@ __all__ = [
     "loads_toml",
     "loads_yaml",
     "read_bytes",
+    "read_upto",
     "read_json",
     "read_text",
     "read_toml",
@@ -65,6 +66,21 @@ def size_text(size: int) -> str:
     return f"{size} bytes"
 
 
+def read_upto(fd: int, limit: int, *, offset: int | None = None) -> bytes:
+    """At most ``limit`` bytes of ``fd``, in chunks: from ``offset`` (``pread``: the file's
+    position stays where it is), else from its position."""
+    chunks: list[bytes] = []
+    taken = 0
+    while taken < limit:
+        size = min(_CHUNK, limit - taken)
+        chunk = os.read(fd, size) if offset is None else os.pread(fd, size, offset + taken)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        taken += len(chunk)
+    return b"".join(chunks)
+
+
 def read_bytes(path: str | Path, *, what: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     """At most ``max_bytes`` of ``path``; :class:`ReadError` if there are more.
 
@@ -85,21 +101,14 @@ def read_bytes(path: str | Path, *, what: str, max_bytes: int = DEFAULT_MAX_BYTE
             os.set_blocking(fd, True)
         elif os.fstat(fd).st_size > max_bytes:  # known before reading it
             raise ReadError(_too_large(name, max_bytes, what))
-        chunks: list[bytes] = []
-        taken = 0
-        while taken <= max_bytes:
-            chunk = os.read(fd, min(_CHUNK, max_bytes + 1 - taken))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            taken += len(chunk)
+        data = read_upto(fd, max_bytes + 1)  # one byte past the cap says there is more
     except OSError as exc:
         raise ReadError(f"{name}: cannot read: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
-    if taken > max_bytes:
+    if len(data) > max_bytes:
         raise ReadError(_too_large(name, max_bytes, what))
-    return b"".join(chunks)
+    return data
 
 
 def read_text(path: str | Path, *, what: str, max_bytes: int = DEFAULT_MAX_BYTES) -> str:

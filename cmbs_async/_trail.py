@@ -44,6 +44,11 @@ class Trail(Protocol):
     def stalled(self) -> bool:
         """A record was still not durable when its wait was cancelled (by the deadline)."""
 
+    @property
+    def head(self) -> str | None:
+        """The hash of the last record made durable, when the trail was opened to follow
+        it (``heads``); else ``None``, as without an audit store."""
+
     async def begin(self, containment: Containment | None) -> None:
         """Open the session: its first record says how the run's commands are contained."""
 
@@ -70,17 +75,23 @@ async def open_trail(
     spec: ScenarioSpec,
     profile: Profile,
     review: SupervisionConfig | None,
+    agent: str | None = None,
+    heads: bool = False,
 ) -> AsyncIterator[Trail]:
-    """The trail of session ``session_id`` in ``store``; one that records nothing without."""
+    """The trail of session ``session_id`` in ``store``; one that records nothing without.
+    ``heads``: its :attr:`Trail.head` follows the records (a trace points at them)."""
     if store is None:
         yield _Unaudited()
         return
-    async with open_audit_writer(store, session_id, session_data(spec, profile, review)) as writer:
+    async with open_audit_writer(
+        store, session_id, session_data(spec, profile, review, agent=agent), heads=heads
+    ) as writer:
         yield _Audited(writer)
 
 
 class _Unaudited:
     stalled = False
+    head = None
 
     async def begin(self, containment: Containment | None) -> None:
         pass
@@ -111,6 +122,10 @@ class _Audited:
     @property
     def stalled(self) -> bool:
         return self._writer.stalled
+
+    @property
+    def head(self) -> str | None:
+        return self._writer.head
 
     async def begin(self, containment: Containment | None) -> None:
         dumped = containment.model_dump(mode="json") if containment is not None else None

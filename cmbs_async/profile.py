@@ -200,9 +200,10 @@ def _load_builtin(name: str) -> Profile:
 
 
 def load_profile(name_or_path: str | Path) -> Profile:
-    """A built-in profile by name, or a profile from a YAML or JSON file."""
+    """A built-in profile by name, or a profile from a YAML or JSON file; a profile of the
+    caller's own (a change to it changes no other run's)."""
     if isinstance(name_or_path, str) and name_or_path in _builtin_names():
-        return _load_builtin(name_or_path)
+        return _load_builtin(name_or_path).model_copy(deep=True)
     path = Path(name_or_path)
     try:
         found = path.is_file()
@@ -225,4 +226,6 @@ def _parse(data: Any, origin: str) -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        raise ProfileError(f"{origin}: {validation_reason(exc)}") from exc
+        raise ProfileError(
+            f"{origin}: {validation_reason(exc, fields=Profile.model_fields)}"
+        ) from exc

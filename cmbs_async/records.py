@@ -35,10 +35,16 @@ __all__ = [
 
 
 def session_data(
-    spec: ScenarioSpec, profile: Profile, review: SupervisionConfig | None
+    spec: ScenarioSpec,
+    profile: Profile,
+    review: SupervisionConfig | None,
+    *,
+    agent: str | None = None,
 ) -> dict[str, Any]:
-    """The session's first record: everything replay needs to judge the run again."""
+    """The session's first record: everything replay needs to judge the run again, and
+    which agent ran (its label, for the viewer)."""
     return {
+        "agent": agent,
         "scenario": spec.model_dump(mode="json"),
         "profile": profile.model_dump(mode="json"),
         "review": review.model_dump(mode="json") if review is not None else None,

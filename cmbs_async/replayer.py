@@ -16,6 +16,7 @@ from .profile import Profile
 from .protocol import MasksView, Observation, Verdict
 from .records import decision_record, flag_data, recorded_message
 from .review.layer import REORIENTED, ReviewAction, ReviewState
+from .stopped import stopped_by
 
 __all__ = ["ReplayReport", "ReplayedStep", "replay"]
 
@@ -23,12 +24,17 @@ __all__ = ["ReplayReport", "ReplayedStep", "replay"]
 @dataclass(frozen=True)
 class ReplayedStep:
     """One step as the gate judged it again: its verdict and message, and the masks once
-    what the step ran was observed."""
+    what the step ran was observed; and, as a run's trace says them
+    (:class:`~cmbs_async.result.TraceEntry`), which mask stopped a ``BLOCK`` or
+    ``CONTINUE`` and why the evidence rule refused the output of what it ran (a signal
+    matched it), if it did."""
 
     step: int
     verdict: Verdict
     message: str
     masks: MasksView
+    stopped_by: str | None = None
+    refused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -134,16 +140,26 @@ class _Replayer:
             if not self.gate.awaiting_observation:  # judged otherwise now: nothing ran for it
                 return
             self.gate.observe(observation)
-            self._replayed(step)
+            self._replayed(step, observed=True)
             last = self.last
             if self.reviewing and last is not None and last.step is not None and step is not None:
                 self.state.note_executed(step, last.step, observation)
 
-    def _replayed(self, step: int | None) -> None:
-        """Note the last decision, with the masks as they now are, for ``step``."""
+    def _replayed(self, step: int | None, *, observed: bool = False) -> None:
+        """Note the last decision, with the masks as they now are, for ``step``: which mask
+        stopped it, and (``observed``: what it ran was) why the evidence rule refused its
+        output, as the runtime traces them."""
         if step is not None and self.last is not None:
-            last = self.last
-            self.steps[step] = ReplayedStep(step, last.verdict, last.message, self.gate.masks_view)
+            last, masks = self.last, self.gate.masks
+            stopped = last.verdict in (Verdict.BLOCK, Verdict.CONTINUE)
+            self.steps[step] = ReplayedStep(
+                step,
+                last.verdict,
+                last.message,
+                self.gate.masks_view,
+                stopped_by=stopped_by(last, masks) if stopped else None,
+                refused=masks.refused if observed else None,
+            )
 
     def _reconcile(self, step: int | None, recorded: object) -> None:
         parsed = self.gate.parse(self.raw)

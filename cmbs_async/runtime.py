@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -36,14 +36,14 @@ from ._errors import single_failure
 from ._reviewing import Reviewing, reviewing
 from ._streams import receive, send
 from ._trail import Trail, open_trail
-from .agents.base import Agent, AgentMessage
+from .agents.base import Agent, AgentMessage, agent_label
 from .audit.store import AuditError, AuditStore
+from .config import RunConfig
 from .evaluating import Programs, run_evaluation
 from .events import Events, logger
-from .gate import Decision, Gate, Messages, Rules
+from .gate import Decision, Gate, Rules
 from .handle import RunHandle
-from .masks import Masks
-from .profile import Profile, load_profile
+from .profile import Profile
 from .protocol import (
     AgentStep,
     ArtifactPayload,
@@ -59,6 +59,11 @@ from .result import Outcome, ScenarioResult, TraceEntry
 from .review.layer import REORIENTED, Review, ReviewAction, SupervisionRecord
 from .review.reconcile import Flag
 from .scenario import ScenarioSpec
+from .stopped import stopped_by
+from .telemetry import traced
+
+if TYPE_CHECKING:
+    from .telemetry import Telemetry
 
 __all__ = ["run_scenario"]
 
@@ -83,21 +88,30 @@ class _Failed:
     stderr: str | None = None  # what an agent program that failed wrote on its stderr
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True)
 class _Options:
-    """``run_scenario``'s arguments, defaults filled in."""
+    """What one run is: its scenario, executor and session, and its configuration with
+    the scenario's profile, deadline and step budget filled in."""
 
     spec: ScenarioSpec
     executor: Executor
-    profile: Profile
-    budget: float  # seconds
-    max_steps: int
-    keep_workdir: bool
-    review: Review | None
-    audit: AuditStore | None
     session_id: str
-    rules: Rules | None
-    on_step: Callable[[TraceEntry], None] | None = None
+    config: RunConfig
+
+    @property
+    def profile(self) -> Profile:
+        assert self.config.profile is not None
+        return self.config.profile
+
+    @property
+    def budget(self) -> float:
+        assert self.config.deadline is not None
+        return self.config.deadline
+
+    @property
+    def max_steps(self) -> int:
+        assert self.config.max_steps is not None
+        return self.config.max_steps
 
 
 @dataclass
@@ -192,28 +206,26 @@ async def run_scenario(
     *,
     agent: Agent,
     executor: Executor | None = None,
+    config: RunConfig | None = None,
+    session_id: str | None = None,
+    handle: RunHandle | None = None,
     profile: Profile | None = None,
     deadline: float | None = None,
     max_steps: int | None = None,
-    keep_workdir: bool = False,
+    keep_workdir: bool | None = None,
     review: Review | None = None,
     audit: AuditStore | None = None,
-    session_id: str | None = None,
     rules: Rules | None = None,
-    handle: RunHandle | None = None,
+    telemetry: Telemetry | None = None,
     on_step: Callable[[TraceEntry], None] | None = None,
 ) -> ScenarioResult:
     """Run one scenario to its end and report how it ended.
 
     ``executor`` defaults to a :class:`executors.LocalExecutor` made (and closed) for this
-    run alone, whose workdir root is a fresh temporary directory; ``deadline`` (seconds)
-    and ``max_steps`` override the spec's. A temporary workdir (the spec names none) is
-    removed afterwards unless ``keep_workdir``. ``review`` turns the review layer on;
-    ``audit`` records every step, review, decision and observation, each durable before
-    it takes effect, under ``session_id`` (a new one by default). ``rules`` replaces the
-    gate's rules (:class:`cmbs_async.gate.Rules`), for baselines and experiments.
-    ``on_step`` is called with each line of the trace as it is made (to show the run as
-    it goes); it is called in the supervisor, so it must be quick and must not raise.
+    run alone, whose workdir root is a fresh temporary directory. ``config``
+    (:class:`RunConfig`) says how the run is supervised; the options after ``handle`` are
+    its fields, each replacing the config's when given (``deadline=30``). The run is
+    recorded under ``session_id`` (a new one by default).
 
     No audit wait outlasts the deadline: a record not durable by then ends the run
     ``audit_error``, and the end record gets at most a second more. Cancelled from outside
@@ -224,25 +236,32 @@ async def run_scenario(
     time. A failure it does not expect (a bug in an executor, an agent whose ``aclose``
     raises) comes out as itself, not in an ``ExceptionGroup``.
     """
+    given = {
+        "profile": profile,
+        "deadline": deadline,
+        "max_steps": max_steps,
+        "keep_workdir": keep_workdir,
+        "review": review,
+        "audit": audit,
+        "rules": rules,
+        "telemetry": telemetry,
+        "on_step": on_step,
+    }
+    config = (config or RunConfig()).replace(
+        **{name: value for name, value in given.items() if value is not None}
+    )
+    config = config.replace(
+        profile=config.profile_for(spec),
+        deadline=config.deadline_for(spec),
+        max_steps=config.max_steps_for(spec),
+    )
     started = anyio.current_time()
     async with AsyncExitStack() as made:
         if executor is None:  # made here, closed here
             executor = await made.enter_async_context(LocalExecutor())
         if not isinstance(executor, Executor):
             raise TypeError(f"{type(executor).__name__} does not implement the executor protocol")
-        options = _Options(
-            spec=spec,
-            executor=executor,
-            profile=profile or load_profile(spec.profile),
-            budget=deadline if deadline is not None else spec.deadline_s,
-            max_steps=max_steps or spec.max_steps,
-            keep_workdir=keep_workdir,
-            review=review,
-            audit=audit,
-            session_id=session_id or uuid.uuid4().hex,
-            rules=rules,
-            on_step=on_step,
-        )
+        options = _Options(spec, executor, session_id or uuid.uuid4().hex, config)
         handle = handle or RunHandle()
         with bound_contextvars(scenario_id=spec.id), anyio.CancelScope() as own:
             handle.attach(own)
@@ -275,15 +294,26 @@ async def _run(
     """The run from its start event to its end record: the actors under the deadline."""
     spec, ends_at = options.spec, started + options.budget
     logger.info(Events.SCENARIO_STARTED, deadline_s=options.budget, max_steps=options.max_steps)
-    gate = Gate(options.profile, rules=options.rules)
-    review = options.review
+    config = options.config
+    gate = Gate(options.profile, rules=config.rules)
+    review = config.review
     async with open_trail(
-        options.audit,
+        config.audit,
         options.session_id,
         spec=spec,
         profile=options.profile,
         review=review.config if review is not None else None,
+        agent=agent_label(agent),
+        heads=config.telemetry is not None,
     ) as trail:
+        trail, on_step = traced(  # with telemetry: a trace of the run, a span per step
+            trail,
+            config.telemetry,
+            spec=spec,
+            session_id=options.session_id,
+            agent=agent_label(agent),
+            on_step=config.on_step,
+        )
         run = _Run(
             spec=spec,
             gate=gate,
@@ -291,7 +321,7 @@ async def _run(
             review=reviewing(review, gate, goal=spec.rendered_goal(), scenario_id=spec.id),
             trail=trail,
             log=logger.bind(),
-            on_step=options.on_step,
+            on_step=on_step,
         )
         stopped = await _act(run, agent, options, ends_at)
         with anyio.CancelScope(shield=stopped is not None):
@@ -310,7 +340,7 @@ async def _act(run: _Run, agent: Agent, options: _Options, ends_at: float) -> Ba
     """Run the actors in the workdir until ``ends_at`` and settle the outcome. Returns the
     cancellation from outside (a signal, the caller's scope) that stopped the run, if one
     did: the run's end is recorded before it is let through."""
-    workdir = _Workdir(options.executor, options.spec, keep=options.keep_workdir)
+    workdir = _Workdir(options.executor, options.spec, keep=options.config.keep_workdir)
     budget = options.budget
     try:
         with anyio.CancelScope(deadline=ends_at) as scope:
@@ -598,53 +628,11 @@ def _trace(
         stderr=observed.stderr.text if ran and observed else None,
         masks=masks.view(),
         refused=masks.refused if observed is not None else None,
-        stopped_by=_stopped_by(decision, masks) if stopped else None,
+        stopped_by=stopped_by(decision, masks) if stopped else None,
     )
     run.trace.append(entry)
     if run.on_step is not None:
         run.on_step(entry)
-
-
-def _stopped_by(decision: Decision, masks: Masks) -> str | None:
-    """Which mask kept a step from going through, in words, as the gate's message and
-    detail and the masks say; ``None`` for a message the gate's own rules never give."""
-    message, detail = decision.message, decision.detail or ""
-    admissible = " and ".join(p for p, ok in masks.posture_admissible.items() if ok) or "none"
-    evidence = f"evidence ({masks.evidence}, not successful)"
-    if message == Messages.INVALID_FORMAT:
-        return "no mask: the step is not well formed"
-    if message == REORIENTED:
-        return "no mask: the review sent the step back"
-    if message == Messages.INCONSISTENT:
-        if detail == "belief.evidence":
-            return f"evidence (the belief claims more than {masks.evidence})"
-        if detail == "belief.posture":
-            return f"posture admissibility (the belief's posture is eliminated: {admissible} left)"
-        if detail.startswith("belief.affordances."):
-            name = detail.removeprefix("belief.affordances.")
-            return f"affordance {name} ({masks.affordances.get(name, 'unknown')})"
-        return None
-    if message == Messages.POSTURE_WITHOUT_EVIDENCE:
-        return evidence
-    if message == Messages.POSTURE_INADMISSIBLE:
-        return f"posture admissibility (only {admissible} admissible)"
-    if message == Messages.CAPABILITY_UNAVAILABLE:  # the affordance the action needs
-        payload = decision.payload
-        path = payload.path if isinstance(payload, ArtifactPayload) else None
-        needed = decision.spec.required(path) if decision.spec is not None else None
-        return f"affordance {needed} (unavailable)" if needed is not None else None
-    if message == Messages.TERMINATION_BLOCKED:
-        why = []
-        if masks.evidence != "successful":
-            why.append(evidence)
-        if sum(masks.posture_admissible.values()) != 1:
-            why.append(f"posture admissibility ({admissible} admissible, one needed)")
-        if not masks.posture_stable:
-            claims = ", ".join(masks.posture_history[-masks.stability_window :]) or "none"
-            window = masks.stability_window
-            why.append(f"stability (last claims: {claims}; {window} equal and known needed)")
-        return "; ".join(why) or None
-    return None
 
 
 def _conclude(

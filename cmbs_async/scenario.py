@@ -145,7 +145,9 @@ def load_scenario(path: str | Path, *, vars: Mapping[str, str] | None = None) ->
     try:
         spec = ScenarioSpec.model_validate(data)
     except ValidationError as exc:
-        raise ScenarioError(f"{path}: {validation_reason(exc)}") from exc
+        raise ScenarioError(
+            f"{path}: {validation_reason(exc, fields=ScenarioSpec.model_fields)}"
+        ) from exc
     if spec.profile not in builtin_profiles():  # a file: beside the scenario, if relative
         spec = spec.model_copy(update={"profile": str(path.parent / spec.profile)})
     return spec.with_vars(vars) if vars else spec

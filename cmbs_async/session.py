@@ -28,12 +28,10 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from executors import Executor
 
 from ._errors import CmbsError
-from .audit.store import AuditStore
+from .config import RunConfig
 from .handle import RunHandle
-from .profile import Profile, load_profile
 from .protocol import ActionKind, Belief, MasksView, Observation, Turn, Verdict
 from .result import Outcome, ScenarioResult
-from .review.layer import Review
 from .runtime import run_scenario
 from .scenario import ScenarioSpec
 
@@ -71,6 +69,8 @@ class _Channel:
     """The agent of the session's run: each turn goes out to :meth:`Session.step`, and
     the step it sends back comes in; a closed session ends the run (agent finished)."""
 
+    label = "session"
+
     def __init__(
         self,
         turns: MemoryObjectSendStream[Turn],
@@ -94,7 +94,8 @@ class _Channel:
 class Session:
     """One supervised scenario, stepped by its caller; use it with ``async with``.
 
-    Takes :func:`run_scenario`'s options. The deadline runs from entering the session.
+    ``config`` (:class:`RunConfig`) says how the run is supervised, as for
+    :func:`run_scenario`. The deadline runs from entering the session.
     Leaving it ends the run (``agent_finished``, unless it ended before); leaving it on an
     exception cancels the run. :attr:`result` is the run's result once it has ended.
     """
@@ -104,26 +105,17 @@ class Session:
         spec: ScenarioSpec,
         *,
         executor: Executor | None = None,
-        profile: Profile | None = None,
-        deadline: float | None = None,
-        max_steps: int | None = None,
-        keep_workdir: bool = False,
-        review: Review | None = None,
-        audit: AuditStore | None = None,
+        config: RunConfig | None = None,
         session_id: str | None = None,
     ) -> None:
-        self.profile = profile or load_profile(spec.profile)
+        config = config or RunConfig()
+        self.profile = config.profile_for(spec)
         self.goal = spec.rendered_goal()
         self._run = partial(
             run_scenario,
             spec,
             executor=executor,
-            profile=self.profile,
-            deadline=deadline,
-            max_steps=max_steps,
-            keep_workdir=keep_workdir,
-            review=review,
-            audit=audit,
+            config=config.replace(profile=self.profile),
             session_id=session_id,
         )
         self._handle = RunHandle()

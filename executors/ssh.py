@@ -212,9 +212,11 @@ class SSHTarget:
         if parts.query or parts.fragment or parts.password is not None:
             raise ValueError(f"{url!r}: expected ssh://USER@HOST[:PORT]")
         try:
-            port = parts.port or 22
+            port = parts.port if parts.port is not None else 22
         except ValueError:
-            raise ValueError(f"{url!r}: the port is not a number from 1 to 65535") from None
+            port = 0
+        if not 1 <= port <= 65535:  # port 0 is no port to connect to, not the default
+            raise ValueError(f"{url!r}: the port is not a number from 1 to 65535")
         if isinstance(jump, str):
             inherited = {k: v for k, v in options.items() if k not in ("host_key", "jump")}
             jump = cls.parse(jump, **inherited)

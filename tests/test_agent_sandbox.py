@@ -116,3 +116,39 @@ def test_an_agent_variable_that_cannot_be_given_is_one_line(tmp_path: Path, miss
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "--agent-env" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+SIBLING = """import json, pathlib, sys
+helper = pathlib.Path(__file__).with_name("helper.txt").read_text()  # not named: not shown
+for line in sys.stdin:
+    print(json.dumps({"belief": {"affordances": {}, "posture": "unknown", "evidence": "none"},
+                      "action": {"type": "terminate", "payload": {}}}), flush=True)
+    break
+"""
+
+
+def test_an_agent_that_cannot_see_its_own_files_is_told_why(tmp_path: Path) -> None:
+    """The commonest surprise of the agent's sandbox: a file beside the program, not
+    given. The failure says what the sandbox shows; --agent-readable fixes it."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("id: s\ngoal: g\ndeadline_s: 60\n")
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "agent.py").write_text(SIBLING)
+    (code / "helper.txt").write_text("help\n")
+    command = [*CMBS, "run", str(scenario), "--agent", f"stdio:{sys.executable} {code}/agent.py"]
+    done = subprocess.run(
+        [*command, "--no-audit", "--json"], capture_output=True, text=True, timeout=120
+    )
+    result = json.loads(done.stdout)
+    assert result["outcome"] == "agent_error"
+    assert "FileNotFoundError" in result["reason"]
+    assert "--agent-readable" in result["reason"]
+    given = subprocess.run(
+        [*command, "--no-audit", "--json", "--agent-readable", str(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    ran = json.loads(given.stdout)
+    assert ran["outcome"] != "agent_error" and ran["steps"] > 0, ran["reason"]

@@ -505,7 +505,7 @@ def test_each_attack_is_tampering_with_a_reason(
         if trust[:1] == ["--head"] and attack is _records_signed_by_a_second_key:
             # Not one byte of what the checkpoint covered changed: its signed root, and
             # the session's head (signed by the trusted key), bind every record's hash;
-            # the records' own signatures are then not checked again (see the README).
+            # the records' own signatures are then not checked again (docs/concepts/audit.md).
             assert done.returncode == 0 and "intact" in done.stdout, done.stdout
             continue
         assert done.returncode == 1, (trust, done.stdout, done.stderr)

@@ -15,7 +15,17 @@ import anyio
 import pytest
 
 from cmbs_async import Agent, CallableAgent, ScenarioSpec, Turn
-from cmbs_async.batch import BatchError, Job, ResultLog, plan, render_summary, run_batch, summarize
+from cmbs_async.audit import load_or_create_key
+from cmbs_async.batch import (
+    BatchError,
+    Job,
+    ResultLog,
+    error_record,
+    plan,
+    render_summary,
+    run_batch,
+    summarize,
+)
 from cmbs_async.demo import demo_agent, demo_scenario
 from cmbs_async.profile import load_profile
 from executors import LocalExecutor
@@ -143,12 +153,22 @@ def test_resume_after_sigkill_runs_only_what_is_missing(tmp_path: Path) -> None:
 
 
 def test_a_cut_off_last_line_is_dropped_on_resume(tmp_path: Path) -> None:
-    out = tmp_path / "r.jsonl"
-    out.write_text('{"key": "a|b|0", "outcome": "terminated"}\n{"key": "c|d|0", "outc')
-    log = ResultLog(out, resume=True)
+    out, key = tmp_path / "r.jsonl", load_or_create_key(tmp_path / "key")
+    spec = demo_scenario()
+    first, second = (Job("demo.yaml", spec, "solve", r) for r in (0, 1))
+    log = ResultLog(out, resume=False, key=key)
+    log.append(error_record(first, "x", 0.0, 1.0))
     log.close()
-    assert log.done == {"a|b|0"}
-    assert out.read_text() == '{"key": "a|b|0", "outcome": "terminated"}\n'
+    whole = out.read_text()
+    out.write_text(whole + '{"key": "c|d|0", "outc')  # killed mid-write
+    log = ResultLog(out, resume=True, key=key)
+    assert log.done == {first.key}
+    assert out.read_text() == whole + '{"key": "c|d|0", "outc'  # untouched until a write
+    log.append(error_record(second, "y", 0.0, 1.0))
+    log.close()
+    lines = out.read_text().splitlines()
+    assert lines[0] == whole.strip() and json.loads(lines[1])["key"] == second.key
+    assert len(lines) == 2
     with pytest.raises(BatchError, match="pass --resume"):
         ResultLog(out, resume=False)
 
@@ -197,6 +217,9 @@ def test_planning_errors_are_one_line(tmp_path: Path) -> None:
 def test_jobs_cover_scenarios_agents_and_repeats(tmp_path: Path) -> None:
     for name in ("a", "b"):
         (tmp_path / f"{name}.yaml").write_text(f"id: {name}\ngoal: g\n")
-    jobs = plan([str(tmp_path / "*.yaml")], ["script:x", "script:y"], 3)
+    scripts = [tmp_path / "x.jsonl", tmp_path / "y.jsonl"]
+    for number, path in enumerate(scripts):  # one content each: two agents
+        path.write_text((step("terminate") + "\n") * (number + 1))
+    jobs = plan([str(tmp_path / "*.yaml")], [f"script:{path}" for path in scripts], 3)
     assert len(jobs) == 12 and len({j.key for j in jobs}) == 12
     assert isinstance(jobs[0].spec, ScenarioSpec)

@@ -317,7 +317,9 @@ def test_the_audit_default_is_runs_and_no_audit_records_nothing(tmp_path: Path) 
 
     off = cmbs(str(folder), "--agent", solve, "--out", str(tmp_path / "off.jsonl"), "--no-audit")
     assert off.returncode == 3, off.stderr
-    assert not database.exists() and not key.exists()
+    assert not database.exists()  # the key is made all the same: it signs the results
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert all(r["signature"] and r["audit_db"] is None for r in results(tmp_path / "off.jsonl"))
     refused = cmbs(str(folder), "--agent", solve, "--out", str(tmp_path / "x.jsonl"),
                    "--no-audit", "--head-out", str(tmp_path / "head.json"))  # fmt: skip
     assert refused.returncode == 2 and "--head-out needs the audit trail" in refused.stderr
@@ -416,7 +418,8 @@ async def test_run_batch_with_maxfail_leaves_the_rest_unstarted(tmp_path: Path) 
 
     spec = demo_scenario().model_copy(update={"deadline_s": 60.0})
     jobs = [Job(scenario_file="demo.yaml", spec=spec, agent="down", repeat=r) for r in range(6)]
-    log = ResultLog(tmp_path / "r.jsonl", resume=False)
+    key = load_or_create_key(tmp_path / "key")
+    log = ResultLog(tmp_path / "r.jsonl", resume=False, key=key)
     with anyio.fail_after(60):
         async with LocalExecutor() as executor:
             report = await run_batch(
@@ -431,6 +434,8 @@ async def test_run_batch_with_maxfail_leaves_the_rest_unstarted(tmp_path: Path) 
     assert report.stopped_early and report.not_started == 3
     assert [r["outcome"] for r in report.records] == ["agent_error"] * 3
     assert all(r["expected"] is None and r["correct"] is None for r in report.records)
-    again = ResultLog(tmp_path / "r.jsonl", resume=True, retry_errors=True)
+    again = ResultLog(tmp_path / "r.jsonl", resume=True, retry_errors=True, key=key)
     again.close()
     assert len(again.retrying) == 3 and not again.done
+    unkeyed = ResultLog(tmp_path / "r.jsonl", resume=True, retry_errors=True)
+    assert not unkeyed.previous and unkeyed.refused == {"other key": 3}  # nothing to trust

@@ -93,7 +93,8 @@ def test_run_overrides_the_deadline(scenario: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ("id: x\ngoal: g\ncolour: blue\n", "colour: Extra inputs are not permitted"),
+        ("id: x\ngoal: g\ncolour: blue\n", "colour: not a field here"),
+        ("id: x\ngoal: g\ndeadline: 30\n", "deadline: not a field here (did you mean deadline_s?)"),
         ("id: x\n", "goal: Field required"),
         ("id: [unclosed\n", "not valid YAML"),
         ("- a list\n", "must be a mapping"),
@@ -163,3 +164,28 @@ def test_json_logs_go_to_stderr_only() -> None:
     events = [json.loads(line) for line in done.stderr.splitlines()]
     assert {e["event"] for e in events} >= {"scenario.started", "gate.verdict", "scenario.finished"}
     assert all(e["scenario_id"] == "demo-sshd-x11-forwarding" for e in events)
+
+
+def test_the_audit_commands_read_the_database_runs_record_into_by_default() -> None:
+    """No path to type: ``audit show``, ``show SESSION``, ``verify`` and ``replay SESSION``
+    read the default database, the one ``cmbs demo`` just recorded into."""
+    assert cmbs("demo").returncode == 0
+    listed = cmbs("audit", "show")
+    assert listed.returncode == 0, listed.stderr
+    session = listed.stdout.splitlines()[-1].split()[0]
+    shown = cmbs("audit", "show", session[:8])
+    assert shown.returncode == 0 and "declare_posture  BLOCK" in shown.stdout, shown.stderr
+    verified = cmbs("audit", "verify")
+    assert verified.returncode == 0 and "intact" in verified.stdout, verified.stderr
+    replayed = cmbs("replay", session[:8])
+    assert replayed.returncode == 0 and "identical" in replayed.stdout, replayed.stderr
+    missing = cmbs("audit", "show", "elsewhere/audit.db")
+    assert (missing.returncode, missing.stderr.count("\n")) == (2, 1)
+
+
+def test_a_run_that_ended_before_its_first_step_shows_no_empty_table(tmp_path: Path) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("id: quiet\ngoal: g\n")
+    done = cmbs("run", str(scenario), "--agent", "stdio:true", "--no-audit")
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.startswith("scenario  quiet\n") and "action" not in done.stdout

@@ -1,6 +1,6 @@
 """The command line driven with generated arguments, scenario files and step files: no
 exception ever escapes (which a user would see as a traceback), every exit status is one
-the README lists, and a failed start leaves no workdir and no results file behind."""
+docs/reference/cli.md lists, and a failed start leaves no workdir and no results file behind."""
 
 from __future__ import annotations
 

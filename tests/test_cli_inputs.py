@@ -14,7 +14,7 @@ import pytest
 
 from .helpers import CMBS, step
 
-EXITS = {0, 2, 3}  # what the README lists for a run that was not interrupted
+EXITS = {0, 2, 3}  # what docs/reference/cli.md lists for a run that was not interrupted
 
 
 def cmbs(

@@ -92,7 +92,8 @@ def test_the_run_table_and_the_audit_show_escape_what_the_agent_said(
 ) -> None:
     scenario, steps = nasty_run
     db = tmp_path / "audit.db"
-    run = ["run", str(scenario), "--agent", f"script:{steps}", "--workdir", str(tmp_path / "w")]
+    workdir = tmp_path / "runs" / "w"  # its root (runs/) holds no audit database
+    run = ["run", str(scenario), "--agent", f"script:{steps}", "--workdir", str(workdir)]
     done = cmbs(*run, "--audit-db", str(db))
     assert done.returncode == 3, done.stderr
     lines = _assert_one_honest_table(done.stdout, "outcome   agent_finished")

@@ -1,6 +1,6 @@
 """Attacks on the evidence rule that earned a posture when they were found (red team),
 kept as regression tests: each runs the attack for real (real processes, the real Rego
-engine, real kubectl against a fake API server) and asserts what the README promises:
+engine, real kubectl against a fake API server) and asserts what the docs promise:
 no posture. Closed by: placeholder values that look like options refused; evaluations
 run with no home and the file ``KUBECONFIG`` names judged as an input; an input changed
 while the evaluation ran refused."""

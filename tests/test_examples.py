@@ -1,4 +1,4 @@
-"""The README's library examples run as documented."""
+"""The library examples (examples/, shown in docs/guides/library.md) run as documented."""
 
 from __future__ import annotations
 

@@ -149,7 +149,7 @@ def test_strict_fails_a_playbook_that_never_reaches_the_target(
     """A playbook that writes what a faulty host shows, without reaching any: IT-Bench's
     criterion passes it with the honest policy; against the fixed host it shows the same,
     and --strict fails it. Without a fixed target --strict cannot tell (the policy does
-    flip on the reversed input): the README says so, and this shows it."""
+    flip on the reversed input): docs/guides/itbench.md says so, and this shows it."""
     folder = workdir(tmp_path, NOWHERE, POLICY)
     status, plain = score(folder, hosts.fault)
     assert status == 0 and plain["pass"] is True

@@ -118,3 +118,37 @@ def test_an_input_argparse_would_drop_is_a_usage_error(tmp_path: Path, spelled: 
     done = opa(tmp_path, "-d", "policy.rego", spelled, "--format", "raw", "data.check.result")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines()[-1] == "cmbs-opa: error: --input needs a file"
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["every p in input.pods { not p.host_network }", "every x in [1, 2] { not x == 2 }"],
+)
+def test_not_inside_every_is_refused_rather_than_answered_wrongly(
+    tmp_path: Path, body: str
+) -> None:
+    """regopy says true where OPA says false: no answer beats a wrong one."""
+    (tmp_path / "policy.rego").write_text(
+        f"package check\n\ndefault result := false\n\nresult if {{\n  {body}\n}}\n"
+    )
+    (tmp_path / "in.json").write_text('{"pods": [{"host_network": true}]}')
+    done = opa(
+        tmp_path, "-d", "policy.rego", "-i", "in.json", "--format", "raw", "data.check.result"
+    )
+    assert (done.returncode, done.stdout) == (1, "")
+    assert "policy.rego:6: cmbs-opa cannot evaluate `not` inside `every`" in done.stderr
+
+
+def test_the_way_around_it_gives_opas_answer(tmp_path: Path) -> None:
+    (tmp_path / "policy.rego").write_text(
+        "package check\n\ndefault result := false\n\n"
+        "allowed(p) if not p.host_network\n\n"
+        "result if {\n  every p in input.pods { allowed(p) }\n"
+        '  not input.note == "every { not }"\n}\n'
+    )
+    for pods, printed in (('[{"host_network": true}]', "false\n"), ("[{}]", "true\n")):
+        (tmp_path / "in.json").write_text(f'{{"pods": {pods}}}')
+        done = opa(
+            tmp_path, "-d", "policy.rego", "-i", "in.json", "--format", "raw", "data.check.result"
+        )
+        assert (done.returncode, done.stdout) == (0, printed), done.stderr

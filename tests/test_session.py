@@ -14,6 +14,7 @@ from cmbs_async import (
     Messages,
     ObservationOwed,
     Outcome,
+    RunConfig,
     ScenarioSpec,
     Session,
     SessionEnded,
@@ -34,7 +35,7 @@ async def test_an_honest_tool_caller_earns_termination_and_a_premature_claim_is_
     tmp_path: Path,
 ) -> None:
     store = SQLiteAuditStore(tmp_path / "audit.db", key=Ed25519PrivateKey.generate())
-    async with Session(demo_scenario(), audit=store) as session:
+    async with Session(demo_scenario(), config=RunConfig(audit=store)) as session:
         early = await session.step("declare_posture", {"posture": "compliant"})
         assert early.verdict is Verdict.BLOCK
         assert early.message == Messages.POSTURE_WITHOUT_EVIDENCE and early.observation is None
@@ -70,7 +71,7 @@ async def test_termination_before_a_posture_is_refused() -> None:
 async def test_the_deadline_ends_the_session_and_kills_what_runs() -> None:
     marker = unique_seconds()
     spec = ScenarioSpec(id="slow", goal="g")
-    async with Session(spec, deadline=1.5) as session:
+    async with Session(spec, config=RunConfig(deadline=1.5)) as session:
         reply = await session.step("check_status", {"command": f"sleep {marker}"})
         assert reply.ended and reply.result is not None
         assert reply.result.outcome is Outcome.DEADLINE_EXCEEDED

@@ -36,7 +36,7 @@ from cmbs_async.review import (
 )
 from cmbs_async.review.reconcile import Flag, Severity
 from cmbs_async.review.reviewer import SECTION_CHARS, Verdict3, build_prompt
-from cmbs_async.runtime import _stopped_by
+from cmbs_async.stopped import stopped_by
 from executors import NullExecutor
 
 from .helpers import CMBS, ChatApp, ScriptedReviewer, completion, replaying, step
@@ -191,13 +191,13 @@ def test_which_mask_stopped_a_step_comes_from_the_message_and_the_masks() -> Non
         )
     )
     blocked = gate.decide(step("generate_policy", {"path": "p.yaml", "content": "x"}))
-    assert _stopped_by(blocked, gate.masks) == "affordance k8s_policy (unavailable)"
+    assert stopped_by(blocked, gate.masks) == "affordance k8s_policy (unavailable)"
     claimed = gate.decide(
         step("check_status", {"command": "true"}, affordances={"k8s_policy": "available"})
     )
-    assert _stopped_by(claimed, gate.masks) == "affordance k8s_policy (unavailable)"
+    assert stopped_by(claimed, gate.masks) == "affordance k8s_policy (unavailable)"
     bad = gate.decide("{not json")
-    assert _stopped_by(bad, gate.masks) == "no mask: the step is not well formed"
+    assert stopped_by(bad, gate.masks) == "no mask: the step is not well formed"
 
 
 def test_a_live_line_is_escaped_and_short() -> None:

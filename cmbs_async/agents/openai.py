@@ -90,6 +90,7 @@ class OpenAIAgent(Closing):
     ) -> None:
         self.model = model
         self.base_url = base_url.rstrip("/")
+        self.label = f"openai:{model}@{self.base_url}"
         self.profile = profile or load_profile("ciso")
         self.api_key_env = api_key_env
         self.max_tokens = max_tokens

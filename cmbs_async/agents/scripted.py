@@ -24,8 +24,9 @@ class ScriptedAgent(Closing):
     It holds nothing to close, but works in ``async with`` like every agent.
     """
 
-    def __init__(self, messages: Iterable[AgentMessage]) -> None:
+    def __init__(self, messages: Iterable[AgentMessage], *, label: str = "script") -> None:
         self._messages = list(messages)
+        self.label = label
         self._next = 0
 
     @classmethod

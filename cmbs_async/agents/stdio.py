@@ -12,6 +12,7 @@ workdir only through the write actions the gate sees.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import tempfile
@@ -51,6 +52,10 @@ _GRACE = 1.0  # seconds between asking the program to end and killing it
 #: How the program is kept in: ``"sandbox"`` (bubblewrap), ``"group"`` (a process group,
 #: on the host as it is), ``"auto"`` (the sandbox where bubblewrap works, else the group).
 Isolation = Literal["auto", "sandbox", "group"]
+
+
+#: what a program says when a file it looked for is outside what its sandbox shows
+_NOT_SEEN = re.compile(r"No such file or directory|Permission denied|ENOENT|EACCES")
 
 
 class AgentProcessError(CmbsError, RuntimeError):
@@ -121,6 +126,7 @@ class StdioAgent(Closing):
         if isolate not in ("auto", "sandbox", "group"):
             raise ValueError(f"isolate must be 'auto', 'sandbox' or 'group', not {isolate!r}")
         self.command = command
+        self.label = "stdio:" + (command if isinstance(command, str) else shlex.join(command))
         self.step_timeout = step_timeout
         self.max_line_bytes = max_line_bytes
         self.isolate = isolate
@@ -193,6 +199,11 @@ class StdioAgent(Closing):
     async def _failed(self, what: str) -> NoReturn:
         kept = self._program.stderr_tail() if self._program is not None else ""
         tail = " ".join(kept[-_STDERR_SAID:].split())
+        if isinstance(self._program, _Sandboxed) and _NOT_SEEN.search(kept):
+            what += (  # the commonest surprise: its sandbox shows only what it was given
+                " (in its sandbox an agent program sees the files named on its command line "
+                "and what --agent-readable names, not their directories)"
+            )
         await self.aclose()
         said = f"agent program {what}" + (f"; stderr: {tail}" if tail else "")
         raise AgentProcessError(said, stderr=kept)

@@ -19,7 +19,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,6 +180,14 @@ class SQLiteAuditStore:
         """Append records in one durable transaction."""
         with self._lock, self._transaction():
             self._append_locked(session_id, entries)
+
+    def head(self, session_id: str) -> str:
+        """The hash of the session's last record, as committed (its signed head)."""
+        with self._lock:
+            try:
+                return self._head(session_id)[1]
+            except sqlite3.Error as exc:
+                raise AuditError(f"cannot read audit database {self.path}: {exc}") from exc
 
     def checkpoint(self) -> dict[str, Any]:
         """The log's current size and root, signed with this store's key (see
@@ -379,9 +387,7 @@ class SQLiteAuditStore:
         try:
             return self._verify(problems, trusted_key, checkpoint)
         except AuditError as exc:
-            if not problems:
-                raise
-            unread = f"the tables cannot be read as the store's ({_cause(exc)}): rebuilt"
+            unread = _unreadable(problems, exc)
             pinned = trusted_key is not None
             return VerifyReport(0, 0, (*problems, unread), key=trusted_key, pinned=pinned)
 
@@ -466,9 +472,7 @@ class SQLiteAuditStore:
         try:
             return self._integrity(problems, session_id, trusted_key)
         except AuditError as exc:
-            if not problems:
-                raise
-            return [*problems, f"the tables cannot be read as the store's ({_cause(exc)}): rebuilt"]
+            return [*problems, _unreadable(problems, exc)]
 
     def _integrity(self, problems: list[str], session_id: str | None, key: str | None) -> list[str]:
         sessions = self._typed(
@@ -495,6 +499,37 @@ class SQLiteAuditStore:
                 name, rows_of, heads.get(name), key, "the trusted key", signatures=key is not None
             )
         return problems
+
+    def sessions_problems(
+        self, session_ids: Iterable[str], *, trusted_key: str | None = None
+    ) -> dict[str, list[str]]:
+        """:meth:`integrity_problems` of each of ``session_ids``, and a finding for each the
+        database does not hold; what concerns the whole database (its structure, its
+        column types) is checked once, not once a session, so checking many sessions
+        costs what they hold, not what the database holds times their number."""
+        wanted = list(dict.fromkeys(session_ids))
+        shared = self.structure_problems()
+        if shared:
+            return dict.fromkeys(wanted, shared)
+        if self._query(_MISTYPED["sessions"]) or self._query(_MISTYPED["records"]):
+            return {s: self.integrity_problems(s, trusted_key=trusted_key) for s in wanted}
+        head_sql = (
+            "SELECT session_id, public_key, head_seq, head_hash, head_signature FROM sessions "
+            "WHERE session_id = ?"
+        )
+        rows_sql = _RECORD_ROWS.replace("ORDER BY", "WHERE session_id = ? ORDER BY")
+        found: dict[str, list[str]] = {}
+        for session in wanted:
+            head = self._query(head_sql, (session,))
+            if not head:
+                found[session] = [f"session {session}: not in {self.path}"]
+                continue
+            rows = self._query(rows_sql, (session,))
+            found[session] = _verify_session(
+                session, rows, head[0], trusted_key, "the trusted key",
+                signatures=trusted_key is not None,
+            )  # fmt: skip
+        return found
 
     def _typed(self, table: str, sql: str, problems: list[str]) -> list[tuple[Any, ...]]:
         return self._well_typed(table, self._query(sql), problems)
@@ -717,6 +752,14 @@ def _table_difference(expected: _TableShape, actual: _TableShape) -> str | None:
     if actual.sql != expected.sql:
         return "is defined otherwise than the schema (its constraints differ)"
     return None
+
+
+def _unreadable(problems: list[str], exc: AuditError) -> str:
+    """Why tables whose schema was found wrong cannot be checked; an error reading tables
+    whose schema is right is no finding but the error itself, raised."""
+    if not problems:
+        raise exc
+    return f"the tables cannot be read as the store's ({_cause(exc)}): rebuilt"
 
 
 def _cause(exc: AuditError) -> str:

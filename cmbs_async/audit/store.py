@@ -11,7 +11,15 @@ from pydantic import BaseModel, ConfigDict
 
 from .._errors import CmbsError
 
-__all__ = ["AuditError", "AuditRecord", "AuditStore", "Entry", "RecordKind", "StepHistory"]
+__all__ = [
+    "AuditError",
+    "AuditRecord",
+    "AuditStore",
+    "Entry",
+    "HashChained",
+    "RecordKind",
+    "StepHistory",
+]
 
 
 class AuditError(CmbsError, RuntimeError):
@@ -80,3 +88,12 @@ class AuditStore(Protocol):
 
     def records(self, session_id: str) -> Iterable[AuditRecord]:
         """The session's records in order."""
+
+
+@runtime_checkable
+class HashChained(Protocol):
+    """A store that hash-chains each session's records and can say where a chain ends,
+    so a run can point elsewhere (a trace, say) at the record a step ended on."""
+
+    def head(self, session_id: str) -> str:
+        """The hash of the session's last record, as committed."""

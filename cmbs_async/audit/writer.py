@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .store import AuditError, AuditStore, Entry
+from .store import AuditError, AuditStore, Entry, HashChained
 
 __all__ = ["AuditWriter", "open_audit_writer"]
 
@@ -31,6 +31,7 @@ class _Batch:
     session: dict[str, Any] = field(default_factory=dict)  # for the first record, if first
     done: anyio.Event = field(default_factory=anyio.Event)
     error: BaseException | None = None
+    head: str | None = None  # the hash of the session's last record once durable, if known
 
 
 class AuditWriter:
@@ -41,6 +42,9 @@ class AuditWriter:
         self._send = send
         #: a write was cancelled before its records were durable
         self.stalled = False
+        #: the hash of the last record made durable, where the store chains them
+        #: (:class:`~cmbs_async.audit.store.HashChained`)
+        self.head: str | None = None
 
     async def begin(self, **session: Any) -> None:
         """Open the session, with ``session`` added to its first record; return once it is
@@ -63,22 +67,25 @@ class AuditWriter:
             raise
         if batch.error is not None:
             raise AuditError(str(batch.error)) from batch.error
+        self.head = batch.head or self.head
 
 
 @asynccontextmanager
 async def open_audit_writer(
-    store: AuditStore, session_id: str, session_data: dict[str, Any]
+    store: AuditStore, session_id: str, session_data: dict[str, Any], *, heads: bool = False
 ) -> AsyncIterator[AuditWriter]:
     """Run a sink that opens ``session_id`` in ``store``, for the ``async with`` body.
 
-    If the session cannot be opened, every write fails with the reason.
+    If the session cannot be opened, every write fails with the reason. With ``heads``
+    (a trace points at the records), :attr:`AuditWriter.head` follows each durable write;
+    without, nothing is read back.
     """
     send, receive = anyio.create_memory_object_stream[_Batch](16)
     scopes: list[anyio.CancelScope] = []  # the sink's, once it runs
     async with anyio.create_task_group() as tg:
         # start_soon, not start: a start() cancelled half-way would wait for the sink,
         # which would wait for batches that never come
-        tg.start_soon(_sink, store, session_id, session_data, receive, scopes)
+        tg.start_soon(_sink, store, session_id, session_data, receive, scopes, heads)
         try:
             async with send:
                 yield AuditWriter(session_id, send)
@@ -93,6 +100,7 @@ async def _sink(
     session_data: dict[str, Any],
     batches: MemoryObjectReceiveStream[_Batch],
     scopes: list[anyio.CancelScope],
+    heads: bool,
 ) -> None:
     # Shielded so that a run cancelled from outside can still record its end; the writer's
     # owner cancels this scope when the run is over (or, if it never started, closes the
@@ -105,13 +113,36 @@ async def _sink(
             async for batch in batches:
                 if not opened:
                     data = session_data | batch.session
-                    refused = await _durably(store.open_session, session_id, data)
+                    refused = await _durably(_open, store, session_id, data, batch, heads)
                     opened = True
                 if batch.entries:
-                    batch.error = refused or await _durably(store.append, session_id, batch.entries)
+                    batch.error = refused or await _durably(
+                        _append, store, session_id, batch, heads
+                    )
                 else:
                     batch.error = refused
                 batch.done.set()
+
+
+def _open(
+    store: AuditStore, session_id: str, data: dict[str, Any], batch: _Batch, heads: bool
+) -> None:
+    store.open_session(session_id, data)
+    if heads:
+        _note_head(store, session_id, batch)
+
+
+def _append(store: AuditStore, session_id: str, batch: _Batch, heads: bool) -> None:
+    store.append(session_id, batch.entries)
+    if heads:
+        _note_head(store, session_id, batch)
+
+
+def _note_head(store: AuditStore, session_id: str, batch: _Batch) -> None:
+    """Keep the hash the session's chain now ends on (in the worker thread, like the write:
+    the store's lock may be held by another session's transaction)."""
+    if isinstance(store, HashChained):
+        batch.head = store.head(session_id)
 
 
 async def _durably(call: Callable[..., None], *args: Any) -> Exception | None:

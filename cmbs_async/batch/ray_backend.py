@@ -32,15 +32,21 @@ INSTALL_HINT = "the ray backend needs Ray: pip install 'cmbs-async[ray]'"
 
 
 def _shard(
-    jobs: list[dict[str, Any]], agents: dict[str, list[str]], concurrency: int, sandbox: SandboxMode
+    jobs: list[dict[str, Any]],
+    agents: dict[str, list[str]],
+    concurrency: int,
+    containment: dict[str, Any],
 ) -> list[dict[str, Any]]:
-    """Runs in a Ray worker: one event loop for the whole shard."""
+    """Runs in a Ray worker: one event loop for the whole shard, its executor contained as
+    the driver's local one is (``containment``: its sandbox, hidden paths, user) and
+    closed with the shard."""
     planned = [
         Job(
             scenario_file=j["scenario_file"],
             spec=ScenarioSpec.model_validate(j["spec"]),
             agent=j["agent"],
             repeat=j["repeat"],
+            inputs=j["inputs"],  # keyed as the driver keyed it
         )
         for j in jobs
     ]
@@ -50,7 +56,7 @@ def _shard(
         return lambda: ScriptedAgent(lines)
 
     async def main() -> list[dict[str, Any]]:
-        async with LocalExecutor(sandbox=sandbox) as executor:
+        async with LocalExecutor(**containment) as executor:
             report = await run_batch(
                 planned, agents=factory, executor=executor, concurrency=concurrency
             )
@@ -67,10 +73,17 @@ def run_batch_ray(
     address: str | None = None,
     shards: int | None = None,
     sandbox: SandboxMode = "auto",
+    hidden: Sequence[str] = (),
+    user: str | None = None,
     log: ResultLog | None = None,
     progress: Progress | None = None,
 ) -> BatchReport:
-    """Run the jobs ``log`` has no result for on a Ray cluster (a local one by default)."""
+    """Run the jobs ``log`` has no result for on a Ray cluster (a local one by default).
+
+    Each worker's commands are contained as a local batch's are: ``sandbox``, ``hidden``
+    (the operator's signing key and audit database, say) and ``user`` as for
+    :class:`executors.LocalExecutor`; a worker's workdirs live under a fresh root of its
+    own."""
     try:
         import ray
     except ImportError:
@@ -103,19 +116,21 @@ def run_batch_ray(
                 "spec": job.spec.model_dump(mode="json"),
                 "agent": job.agent,
                 "repeat": job.repeat,
+                "inputs": job.inputs,
             }
             for job in todo
         ]
+        containment = {"sandbox": sandbox, "hidden": tuple(hidden), "user": user}
         pending = [
-            remote.remote(payload[i::count], agent_lines, concurrency, sandbox)
+            remote.remote(payload[i::count], agent_lines, concurrency, containment)
             for i in range(count)
         ]
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for record in ray.get(done[0]):
+                if log is not None:  # never raises: a result not written as it is is said
+                    record = log.keep(record) or record
                 report.records.append(record)
-                if log is not None:
-                    log.append(record)
                 if progress is not None:
                     progress.running += 1
                     progress.finish(record)

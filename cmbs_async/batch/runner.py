@@ -14,7 +14,7 @@ import anyio
 from executors import Executor
 
 from ..agents import Agent
-from ..audit.store import AuditStore
+from ..config import RunConfig
 from ..runtime import run_scenario
 from .jobs import Job
 from .progress import Progress
@@ -54,17 +54,22 @@ async def run_batch(
     concurrency: int,
     log: ResultLog | None = None,
     progress: Progress | None = None,
-    audit: AuditStore | None = None,
+    config: RunConfig | None = None,
     score: Callable[[str], Awaitable[bool]] | None = None,
     maxfail: int | None = None,
+    executors: Callable[[Job], Executor] | None = None,
 ) -> BatchReport:
     """Run the jobs ``log`` has no result for yet; each result is written as it finishes.
 
-    ``agents(spec)`` gives a factory of fresh agents for an agent spec. ``score(workdir)``,
-    if given, judges what each run left in its workdir (IT-Bench's pass criterion, say)
-    before the workdir is removed; the record keeps it as ``itbench_pass``. After
-    ``maxfail`` runs ended in an error outcome, no new run starts (those in flight finish)
-    and the report says ``stopped_early``.
+    ``agents(spec)`` gives a factory of fresh agents for an agent spec; ``config`` says how
+    every run is supervised (:class:`~cmbs_async.RunConfig`). ``executors(job)``, if
+    given, is each job's executor (its scenario's ``host``, say), else ``executor``.
+    ``score(workdir)``, if given, judges what each run left in its workdir (IT-Bench's
+    pass criterion, say) before the workdir is removed; the record keeps it as
+    ``itbench_pass``. After ``maxfail`` runs ended in an error outcome, no new run starts
+    (those in flight finish) and the report says ``stopped_early``. A result ``log``
+    cannot write as it is never stops the batch: :meth:`ResultLog.keep` writes a
+    ``runner_error`` line in its stead (the report holds that one) and notes why.
     """
     report = BatchReport()
     errors = 0
@@ -72,6 +77,9 @@ async def run_batch(
     report.skipped = len(jobs) - len(todo)
     limiter = anyio.CapacityLimiter(max(concurrency, 1))
     factories = {spec: agents(spec) for spec in {job.agent for job in todo}}
+    config = config or RunConfig()
+    if score is not None:  # the score reads each workdir before it goes
+        config = config.replace(keep_workdir=True)
 
     async def one(job: Job) -> None:
         nonlocal errors
@@ -83,21 +91,21 @@ async def run_batch(
                 progress.start()
             started = time.time()
             try:
+                where = executor if executors is None else executors(job)
                 result = await run_scenario(
                     job.spec,
                     agent=factories[job.agent](),
-                    executor=executor,
-                    audit=audit,
-                    keep_workdir=score is not None,
+                    executor=where,
+                    config=config,
                 )
                 record = result_record(job, result, started, time.time())
                 if score is not None and result.workdir is not None:
-                    record["itbench_pass"] = await _scored(score, executor, job, result.workdir)
+                    record["itbench_pass"] = await _scored(score, where, job, result.workdir)
             except Exception as exc:  # a bug or a broken job: record it, go on
                 record = error_record(job, f"{type(exc).__name__}: {exc}", started, time.time())
+            if log is not None:  # never raises: a result not written as it is is said
+                record = log.keep(record) or record
             report.records.append(record)
-            if log is not None:
-                log.append(record)
             if progress:
                 progress.finish(record)
             if is_error(record):

@@ -27,18 +27,24 @@ def summarize(
 ) -> list[dict[str, Any]]:
     """Per scenario and agent: runs, earned terminations, durations, and the posture claims
     the gate blocked (``profiles`` gives each scenario file's profile, which names the
-    actions that declare a posture)."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    actions that declare a posture). A scenario is its id and its file: two files with one
+    id are two rows, each ``scenario`` shown with its file."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for record in records:
-        groups[(str(record.get("scenario_id")), str(record.get("agent")))].append(record)
+        named = (str(record.get("scenario_id")), str(record.get("scenario_file")))
+        groups[(*named, str(record.get("agent")))].append(record)
+    files: dict[str, set[str]] = defaultdict(set)
+    for scenario_id, file, _ in groups:
+        files[scenario_id].add(file)
     rows = []
-    for (scenario, agent), runs in sorted(groups.items()):
+    for (scenario, file, agent), runs in sorted(groups.items()):
         durations = sorted(float(r.get("duration_s") or 0.0) for r in runs)
         outcomes = Counter(str(r.get("outcome")) for r in runs)
         blocked = sum(_blocked_claims(r, profiles[str(r.get("scenario_file"))]) for r in runs)
         rows.append(
             {
-                "scenario": scenario,
+                "scenario": scenario if len(files[scenario]) == 1 else f"{scenario} ({file})",
+                "scenario_file": file,
                 "agent": agent,
                 "runs": len(runs),
                 "earned": outcomes.get(Outcome.TERMINATED, 0),

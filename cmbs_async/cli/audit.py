@@ -57,11 +57,14 @@ class AuditUsageError(CmbsError):
     """A mistake of the user's with the audit commands (one line, exit 2)."""
 
 
+_DB_HELP = f"audit database (SQLite; default {default_data_dir() / 'audit.db'})"
+
+
 def add_audit_commands(sub: Any) -> None:
     audit = sub.add_parser("audit", help="verify, show or export an audit database")
     verbs = audit.add_subparsers(dest="verb", required=True)
     verify = verbs.add_parser("verify", help="check signatures and chains (exit 1 if tampered)")
-    verify.add_argument("db", help="audit database (SQLite)")
+    verify.add_argument("db", nargs="?", help=_DB_HELP)
     trust = verify.add_mutually_exclusive_group()
     trust.add_argument(
         "--public-key",
@@ -88,22 +91,22 @@ def add_audit_commands(sub: Any) -> None:
         help=f"the signing key (default {default_data_dir() / 'signing_key'})",
     )
     head = verbs.add_parser("head", help="print a signed checkpoint of the log (JSON)")
-    head.add_argument("db", help="audit database (SQLite)")
+    head.add_argument("db", nargs="?", help=_DB_HELP)
     head.add_argument(
         "--signing-key",
         help=f"the key to sign with (default {default_data_dir() / 'signing_key'})",
     )
     show = verbs.add_parser("show", help="list sessions, or show one as a step table")
-    show.add_argument("db", help="audit database (SQLite)")
+    show.add_argument("db", nargs="?", help=_DB_HELP)
     show.add_argument("session", nargs="?", help="session id (a unique prefix is enough)")
     show.add_argument(
         "--full", action="store_true", help="also print each command's captured output"
     )
     export = verbs.add_parser("export", help="print every record")
-    export.add_argument("db", help="audit database (SQLite)")
+    export.add_argument("db", nargs="?", help=_DB_HELP)
     export.add_argument("--jsonl", action="store_true", required=True, help="as JSON lines")
     again = sub.add_parser("replay", help="re-run the gate over a recorded session")
-    again.add_argument("db", help="audit database (SQLite)")
+    again.add_argument("db", nargs="?", help=_DB_HELP)
     again.add_argument("session", help="session id (a unique prefix is enough)")
     again.add_argument(
         "--profile",
@@ -120,6 +123,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
         key = _existing_key(args.signing_key or default_data_dir() / "signing_key")
         print(public_key_text(key))
         return EXIT_OK
+    _default_database(args)
     store = _open(args.db)
     try:
         if args.command == "replay":
@@ -178,14 +182,28 @@ def signed_checkpoint(store: SQLiteAuditStore, key: Ed25519PrivateKey) -> dict[s
 
 
 def write_checkpoint(store: SQLiteAuditStore, path: str) -> None:
-    """``--head-out``: the checkpoint after the run, written whole or not at all."""
+    """``--head-out``: the checkpoint after the run, written whole or not at all; a file
+    already there is replaced only if it is a checkpoint (an earlier one)."""
     target = Path(path)
+    if target.exists() and not _a_checkpoint(target):
+        raise AuditUsageError(f"--head-out {path}: exists and is not a checkpoint: left as it is")
     temporary = target.with_name(f".{target.name}.tmp")
     try:
         temporary.write_text(json.dumps(store.checkpoint()) + "\n")
         temporary.replace(target)
     except OSError as exc:
         raise AuditUsageError(f"--head-out {path}: {exc.strerror or exc}") from None
+
+
+def _a_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a regular file holding a checkpoint's fields (not checked)."""
+    try:
+        if not path.is_file() or path.stat().st_size > 64 * 1024:
+            return False
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and {"size", "root", "public_key", "signature"} <= data.keys()
 
 
 def _session(store: SQLiteAuditStore, prefix: str) -> str:
@@ -196,7 +214,19 @@ def _session(store: SQLiteAuditStore, prefix: str) -> str:
     return str(matches[0])
 
 
+def _default_database(args: argparse.Namespace) -> None:
+    """The database a command reads when none is named: the one runs record into. ``show
+    X`` alone is a database when X looks like a file, else a session of the default one."""
+    session = getattr(args, "session", None)
+    if args.command == "audit" and args.verb == "show" and args.db and session is None:
+        if not (Path(args.db).exists() or "/" in args.db or args.db.endswith(".db")):
+            args.db, args.session = None, args.db
+    if args.db is None:
+        args.db = str(default_data_dir() / "audit.db")
+
+
 def _verify(args: argparse.Namespace) -> int:
+    _default_database(args)
     trusted, source, checkpoint = _trust(args)
     try:
         store = SQLiteAuditStore(args.db, read_only=True)

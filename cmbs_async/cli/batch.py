@@ -15,7 +15,7 @@ from executors import Executor, ExecutorError, LocalExecutor
 
 from .._text import escape_controls
 from ..agents import Agent, ScriptedAgent
-from ..audit import default_data_dir
+from ..audit import default_data_dir, load_or_create_key
 from ..batch import (
     BatchError,
     BatchReport,
@@ -32,7 +32,9 @@ from ..batch import (
     summarize,
     tune_gc_for_batches,
 )
+from ..batch.jobs import shown
 from ..batch.ray_backend import run_batch_ray
+from ..batch.results import stale_note
 from ..itbench import Kind, evaluate
 from ..profile import Profile, load_profile
 from ..result import Outcome
@@ -45,10 +47,15 @@ from .specs import (
     add_sandbox_option,
     agent_factory,
     agent_options,
-    audit_store,
     canonical_agents,
+)
+from .wiring import (
+    add_record_options,
+    audit_path,
+    audit_store,
+    build_executor,
     containment_options,
-    executor_from_spec,
+    run_config,
 )
 
 __all__ = ["add_batch_command", "run_batch_command"]
@@ -56,6 +63,9 @@ __all__ = ["add_batch_command", "run_batch_command"]
 EXIT_ALL_EARNED = 0
 EXIT_NOT_ALL_EARNED = 3
 EXIT_INTERRUPTED = 130
+
+#: Where a group of jobs runs: ``local``, or an ``ssh://`` target and its pinned host key.
+Target = tuple[str, str | None]
 
 
 def add_batch_command(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -98,19 +108,22 @@ def add_batch_command(sub: Any, common: argparse.ArgumentParser) -> None:
     batch.add_argument(
         "-x", "--exitfirst", action="store_const", const=1, dest="maxfail", help="--maxfail 1"
     )
-    batch.add_argument("--executor", default="local", help="local (the only one on Ray)")
     batch.add_argument(
-        "--audit-db",
-        help=f"record every run in this SQLite audit database "
-        f"(default {default_data_dir() / 'audit.db'})",
+        "--executor",
+        help="local or ssh://USER@HOST[:PORT] for every scenario (default: each scenario's "
+        "host, else local; on Ray: local only)",
     )
-    batch.add_argument("--no-audit", action="store_true", help="record nothing")
     batch.add_argument(
-        "--signing-key",
-        help="Ed25519 key file, made 0600 on first use "
-        f"(default {default_data_dir() / 'signing_key'})",
+        "--identity", action="append", default=[], help="SSH private key file (for host:)"
     )
-    batch.add_argument("--head-out", help="write a signed checkpoint of the audit log at the end")
+    batch.add_argument("--known-hosts", help="known_hosts file (default: the user's)")
+    batch.add_argument("--jump-host", help="ssh://USER@HOST[:PORT] to connect through (as ssh -J)")
+    batch.add_argument(
+        "--insecure-no-host-key-check",
+        action="store_true",
+        help="do not verify SSH host keys (logs a warning)",
+    )
+    add_record_options(batch)
     add_sandbox_option(batch)
     add_agent_options(batch)
     batch.add_argument(
@@ -137,69 +150,138 @@ def run_batch_command(args: argparse.Namespace) -> int:
         for given, option in (
             (args.audit_db, "--audit-db"),
             (args.head_out, "--head-out"),
-            (args.signing_key, "--signing-key"),
             (args.maxfail, "--maxfail"),
+            (args.otel_endpoint or (True if args.otel else None), "--otel"),
         ):
             if given is not None:
                 raise BatchError(f"{option} is not available with --backend ray")
     if args.itbench_inventory and args.itbench_kubeconfig:
         raise BatchError("score with --itbench-inventory or --itbench-kubeconfig, not both")
     scoring = args.itbench_inventory or args.itbench_kubeconfig
-    if scoring and (args.backend == "ray" or args.executor != "local"):
+    if scoring and args.backend == "ray":
         raise BatchError("IT-Bench scoring reads each run's workdir: the local executor only")
     if scoring and not os.path.isfile(scoring):
-        raise BatchError(f"no such file: {scoring}")
+        raise BatchError(f"no such file: {shown(scoring)}")
+    _out_of_its_own(args)
     agents = canonical_agents(args.agent)
     skipped: list[str] = []
-    jobs = plan(args.scenarios, agents, args.repeat, skipped=skipped)
+    jobs = plan(args.scenarios, agents, args.repeat, skipped=skipped, executor=args.executor)
     if args.keyword is not None:
         jobs = select(jobs, args.keyword)
+    remote = next((job for job in jobs if job.where != "local"), None)
+    if remote is not None and (args.backend == "ray" or scoring):
+        why = (
+            "--backend ray runs the local executor on its workers"
+            if args.backend == "ray"
+            else "IT-Bench scoring reads each run's workdir: the local executor only"
+        )
+        raise BatchError(escape_controls(f"{remote.scenario_file} runs on {remote.where}: {why}"))
     for note in skipped:
         print(f"cmbs batch: note: {escape_controls(note)}", file=sys.stderr)
     if args.backend == "ray" and not args.no_audit:
         print("cmbs batch: note: --backend ray records no audit trail", file=sys.stderr)
     tune_gc_for_batches()
-    containment = containment_options(args)
-    hidden = containment["hidden"]
-    executor = executor_from_spec(args.executor, **containment)
+    executors: dict[Target, Executor] = {}
     try:
-        return _run_batch(args, executor, jobs, agents, hidden)
+        for job in jobs:  # one executor per place the jobs run, each made before any runs
+            target = _target(job)
+            if target not in executors:
+                executors[target] = build_executor(
+                    args,
+                    where=job.where,
+                    host_key=target[1],
+                    source="--executor" if args.executor else f"{job.scenario_file}: host:",
+                )
+        return _run_batch(args, executors, jobs, agents, containment_options(args)["hidden"])
     finally:
-        anyio.run(executor.aclose)  # what this process made (its workdir root) goes
+        for executor in executors.values():  # what this process made (a workdir root) goes
+            anyio.run(executor.aclose)
+
+
+def _out_of_its_own(args: argparse.Namespace) -> None:
+    """Refuse an ``--out`` that is (however spelt: a link, another hard link) the audit
+    database or one of its journal files, the signing key or ``--head-out``: results
+    appended there are lost, or destroy what is there."""
+    key = args.signing_key or default_data_dir() / "signing_key"
+    others = [(str(key), "the signing key")]
+    database = audit_path(args)
+    if database is not None:
+        others += [
+            (f"{database}{suffix}", "the audit database" + (suffix and f"'s {suffix} file"))
+            for suffix in ("", "-wal", "-shm", "-journal")
+        ]
+    if args.head_out:
+        others.append((args.head_out, "--head-out"))
+    for other, what in others:
+        if _same_file(args.out, other):
+            raise BatchError(
+                f"--out {shown(args.out)} is {what} ({shown(other)}): "
+                "the results need a file of their own"
+            )
+
+
+def _same_file(path: str, other: str) -> bool:
+    """Whether ``path`` and ``other`` name one file, however either is spelt."""
+    if os.path.realpath(path) == os.path.realpath(other):
+        return True
+    try:
+        return os.path.samefile(path, other)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
+def _target(job: Job) -> Target:
+    """Where ``job`` runs: its executor and, over SSH, the host key its scenario pins."""
+    return (job.where, job.spec.host_key if job.where != "local" else None)
 
 
 def _run_batch(
     args: argparse.Namespace,
-    executor: Executor,
+    executors: dict[Target, Executor],
     jobs: list[Job],
     agents: list[str],
     hidden: tuple[str, ...],
 ) -> int:
-    root = executor.workdir_root if isinstance(executor, LocalExecutor) else None
+    local = executors.get(("local", None))
+    root = local.workdir_root if isinstance(local, LocalExecutor) else None
     for job in jobs:  # a workdir elsewhere is refused before anything runs
-        if job.spec.workdir is not None and isinstance(executor, LocalExecutor):
+        if (
+            job.spec.workdir is not None
+            and isinstance(local, LocalExecutor)
+            and job.where == "local"
+        ):
             try:
-                executor.check_workdir(job.spec.workdir)
+                local.check_workdir(job.spec.workdir)
             except ExecutorError as exc:
                 raise BatchError(f"{job.scenario_file}: {exc}") from None
     options = agent_options(args, hidden=hidden, workdir_root=root)
     factories = {spec: agent_factory(spec, options) for spec in agents}
     profiles = {name: load_profile(name) for name in dict.fromkeys(j.spec.profile for j in jobs)}
-    log = ResultLog(args.out, resume=args.resume, retry_errors=args.retry_errors)
-    keys = {job.key: number for number, job in enumerate(jobs)}  # in the batch's order
-    retrying = sorted((r for r in log.retrying if r["key"] in keys), key=lambda r: keys[r["key"]])
-    if retrying:
-        print(_retrying(retrying), file=sys.stderr)
+    key = load_or_create_key(args.signing_key or default_data_dir() / "signing_key")
+    log = ResultLog(
+        args.out,
+        resume=args.resume,
+        retry_errors=args.retry_errors,
+        key=key,
+        audit_db=audit_path(args) if args.backend != "ray" else None,
+    )  # the file locked from now on: a second batch on it is refused
     stopped: Interrupted | None = None
     try:
+        for note in (log.refused_note(jobs), stale_note(log.previous, jobs)):
+            if note is not None:
+                print(f"cmbs batch: note: {escape_controls(note)}", file=sys.stderr)
+        keys = {job.key: number for number, job in enumerate(jobs)}  # in the batch's order
+        retrying = sorted(
+            (r for r in log.retrying if r["key"] in keys), key=lambda r: keys[r["key"]]
+        )
+        if retrying:
+            print(_retrying(retrying), file=sys.stderr)
         progress = Progress(
             len(jobs),
             already=len([j for j in jobs if j.key in log.done]),
             retried={r["key"] for r in retrying},
         )
         if args.backend == "ray":
-            if args.executor != "local":
-                raise SpecError("--backend ray runs the local executor on its workers")
             lines = {}
             for spec, make in factories.items():
                 agent = make(profiles[jobs[0].spec.profile])  # a script ignores its profile
@@ -213,6 +295,8 @@ def _run_batch(
                 address=args.address,
                 shards=args.shards,
                 sandbox=args.sandbox,
+                hidden=hidden,
+                user=args.sandbox_user,
                 log=log,
                 progress=progress,
             )
@@ -221,7 +305,7 @@ def _run_batch(
                 report = anyio.run(
                     _local,
                     args,
-                    executor,
+                    executors,
                     jobs,
                     factories,
                     profiles,
@@ -236,13 +320,15 @@ def _run_batch(
         records = [judged(r, expected[r["key"]]) for r in log.records if r["key"] in keys]
     finally:
         log.close()
+    for note in _unwritten(log):
+        print(f"cmbs batch: note: {note}", file=sys.stderr)
     of_file = {job.scenario_file: profiles[job.spec.profile] for job in jobs}
     print(render_summary(summarize(records, profiles=of_file)))
     evaluation = render_evaluation(records)
     if evaluation:
         print(f"\n{evaluation}")
     print(
-        f"\n{len(records)} of {len(jobs)} runs have results in {args.out}"
+        f"\n{len(records)} of {len(jobs)} runs have results in {shown(args.out)}"
         + (f" ({report.skipped} from before)" if report.skipped else "")
         + (f" ({len(retrying)} retried)" if retrying else "")
     )
@@ -264,7 +350,7 @@ def _run_batch(
 
 async def _local(
     args: argparse.Namespace,
-    executor: Executor,
+    executors: dict[Target, Executor],
     jobs: list[Job],
     factories: dict[str, Callable[[Profile], Agent]],
     profiles: dict[str, Profile],
@@ -273,11 +359,14 @@ async def _local(
 ) -> BatchReport:
 
     store = audit_store(args)
+    config = run_config(args, store=store)
+
+    first = next(iter(executors.values()))  # scoring: the only one, the local executor
 
     async def itbench_pass(workdir: str) -> bool:
         scored = await evaluate(
             workdir,
-            executor=executor,
+            executor=first,
             kind=Kind.RHEL9_ANSIBLE_OPA if args.itbench_inventory else Kind.KUBECTL_OPA,
             inventory=args.itbench_inventory,
             kubeconfig=args.itbench_kubeconfig,
@@ -286,7 +375,8 @@ async def _local(
         return scored.passed
 
     async def by_profile() -> BatchReport:
-        """The jobs of each profile in turn, each agent made for its scenario's profile."""
+        """The jobs of each profile in turn, each agent made for its scenario's profile,
+        each job's commands run where its scenario says (``host:``)."""
         report = BatchReport()
         errors = 0
         for name, profile in profiles.items():
@@ -298,11 +388,12 @@ async def _local(
             part = await run_batch(
                 these,
                 agents=makers.__getitem__,
-                executor=executor,
+                executor=first,
+                executors=lambda job: executors[_target(job)],
                 concurrency=args.concurrency,
                 log=log,
                 progress=progress,
-                audit=store,
+                config=config,
                 score=itbench_pass if args.itbench_inventory or args.itbench_kubeconfig else None,
                 maxfail=None if args.maxfail is None else args.maxfail - errors,
             )
@@ -321,7 +412,29 @@ async def _local(
     finally:
         if store is not None:
             store.close()
-        await executor.aclose()
+        for executor in executors.values():  # in this event loop: an SSH link's own
+            await executor.aclose()
+
+
+def _unwritten(log: ResultLog) -> list[str]:
+    """One line each for the results written as ``runner_error`` lines in their stead and
+    the results not written at all, with the first reason; none if every one was."""
+    notes = []
+    if log.replaced:
+        count = len(log.replaced)
+        notes.append(
+            f"{count} result{'s' if count != 1 else ''} could not be written as "
+            f"{'it was' if count == 1 else 'they were'}: a runner_error line stands for "
+            f"{'it' if count == 1 else 'each'} ({log.replaced[0]})"
+        )
+    if log.lost:
+        count = len(log.lost)
+        notes.append(
+            f"{count} result{'s' if count != 1 else ''} could not be written at all "
+            f"({log.lost[0]}): run the same command with --resume to run "
+            f"{'it' if count == 1 else 'them'} again"
+        )
+    return [escape_controls(note) for note in notes]
 
 
 def _retrying(records: list[dict[str, Any]], shown: int = 10) -> str:

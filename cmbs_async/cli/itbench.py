@@ -44,7 +44,7 @@ from ..profile import Profile, load_profile
 from ..result import ScenarioResult
 from ..scenario import ScenarioSpec
 from .signals import cancel_on_signals
-from .specs import add_agent_options, add_sandbox_option, executor_from_spec, parse_network
+from .specs import add_agent_options, add_sandbox_option, parse_network
 
 __all__ = [
     "add_expect_option",
@@ -146,9 +146,9 @@ def add_expect_option(parser: argparse.ArgumentParser, flag: str) -> None:
 
 def prepare_itbench_run(
     args: argparse.Namespace,
-    containment: dict[str, Any],
+    make_executor: Callable[..., Executor],
     make_agent: Callable[[Executor, Profile], Agent],
-) -> tuple[ScenarioSpec, Agent, Executor, dict[str, Any]]:
+) -> tuple[ScenarioSpec, Agent, Executor]:
     """The scenario, agent and executor of ``cmbs itbench run``, DIR laid out (and handed
     to the user sandboxed commands run as)."""
     data = load_scenario_data(args.data)
@@ -170,9 +170,10 @@ def prepare_itbench_run(
     )
     if args.tar and not os.path.isdir(os.path.dirname(os.path.abspath(args.tar))):
         raise ItbenchError(f"--tar {args.tar}: its directory does not exist")
-    if containment.get("user") is None and os.geteuid() == 0:  # DIR is laid out for them
-        containment = containment | {"user": SandboxUser.fresh()}
-    executor = executor_from_spec("local", **containment)
+    user = args.sandbox_user
+    if user is None and os.geteuid() == 0:  # DIR is laid out for them
+        user = SandboxUser.fresh()
+    executor = make_executor(user=user)
     try:
         search = command_search(executor)  # what the agent's commands will need to find
         missing = None if search is None else missing_program(kind, search)
@@ -196,7 +197,7 @@ def prepare_itbench_run(
     spec = itbench_scenario(
         goal, args.workdir, kind=kind, deadline_s=args.deadline, network=network
     )
-    return spec, agent, executor, {}
+    return spec, agent, executor
 
 
 def finish_itbench_run(args: argparse.Namespace, result: ScenarioResult | None) -> None:
@@ -214,7 +215,7 @@ def finish_itbench_run(args: argparse.Namespace, result: ScenarioResult | None) 
         raise ItbenchError(f"cannot keep the run in {workdir}: {exc.strerror or exc}") from exc
 
 
-def run_evaluate(args: argparse.Namespace, containment: dict[str, Any]) -> int:
+def run_evaluate(args: argparse.Namespace, make_executor: Callable[[], Executor]) -> int:
     """``cmbs itbench evaluate``: writes evaluation.json; exit 0 passed, 1 failed, 2 when
     it cannot score (the evaluator's programs missing where its commands run)."""
     workdir = Path(args.workdir)
@@ -228,7 +229,7 @@ def run_evaluate(args: argparse.Namespace, containment: dict[str, Any]) -> int:
         "flips": tuple(Flip.parse(text) for text in args.flip),
     }
     check_strict(kind, **opposite)
-    executor = executor_from_spec("local", **containment)
+    executor = make_executor()
 
     async def score() -> Any:
         async with executor:

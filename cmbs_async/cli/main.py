@@ -21,16 +21,17 @@ import anyio
 
 from executors import Executor, ExecutorError, LocalExecutor
 
+from .._closing import Closing
 from .._errors import CmbsError
 from ..agents import Agent
-from ..audit import SQLiteAuditStore, default_data_dir
+from ..audit import SQLiteAuditStore
+from ..config import RunConfig
 from ..demo import demo_agent, demo_scenario
 from ..handle import RunHandle
 from ..mcp_server import serve_stdio
 from ..profile import Profile, builtin_profiles, load_profile
 from ..protocol import Turn
 from ..result import ScenarioResult, TraceEntry
-from ..review import ConsoleHuman, OpenAIReviewer, Review, load_config
 from ..runtime import run_scenario
 from ..scenario import ScenarioSpec, load_scenario
 from ..session import Session
@@ -51,12 +52,16 @@ from .specs import (
     add_sandbox_option,
     agent_from_spec,
     agent_options,
-    audit_path,
-    audit_store,
-    containment_options,
-    executor_from_spec,
 )
 from .view import add_view_command, run_view_command
+from .wiring import (
+    add_record_options,
+    audit_path,
+    audit_store,
+    build_executor,
+    containment_options,
+    run_config,
+)
 
 __all__ = ["main"]
 
@@ -128,18 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="print one JSON object")
 
     recorded = _Parser(add_help=False)
-    recorded.add_argument(
-        "--audit-db", help=f"SQLite audit database (default {default_data_dir() / 'audit.db'})"
-    )
-    recorded.add_argument("--no-audit", action="store_true", help="record nothing")
-    recorded.add_argument(
-        "--head-out", help="write a signed checkpoint of the audit log here after the run"
-    )
-    recorded.add_argument(
-        "--signing-key",
-        help="Ed25519 key file, made 0600 on first use "
-        f"(default {default_data_dir() / 'signing_key'})",
-    )
+    add_record_options(recorded)
 
     parser = _Parser(
         prog="cmbs",
@@ -250,33 +244,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "mcp":
                 return _serve_mcp(args)
             if args.command == "itbench" and args.itbench_command == "evaluate":
-                return run_evaluate(args, containment_options(args, recorded=False))
-            spec, agent, executor, options = _prepare(args)
-            store = audit_store(args)
-            handle = RunHandle()
-            live = _live(args)
-            if live is not None:
-                options = options | {"on_step": live}
+                return run_evaluate(args, partial(build_executor, args, recorded=False))
+            store = audit_store(args)  # a key or database refused: before anything is made
             try:
-                result = anyio.run(
-                    _run,
-                    spec,
-                    agent,
-                    executor,
-                    options | {"audit": store, "handle": handle},
-                    backend=args.backend,
-                )
-                if store is not None and args.head_out:
-                    write_checkpoint(store, args.head_out)
-            except Interrupted:
-                if handle.result is not None:  # what the run did until the signal came
-                    _print_result(args, handle.result, store)
-                raise
+                result = _run_one(args, store)
             finally:
                 if store is not None:
                     store.close()
-                if args.command == "itbench":  # IT-Bench scores whatever DIR holds
-                    finish_itbench_run(args, handle.result)
     except CmbsError as exc:  # a usage error, an invalid file, a key or database refused
         print(f"cmbs {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -288,6 +262,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     _print_result(args, result, store)
     return EXIT_EARNED if result.earned else EXIT_NOT_EARNED
+
+
+def _run_one(args: argparse.Namespace, store: SQLiteAuditStore | None) -> ScenarioResult:
+    """``run``, ``demo`` and ``itbench run``: the run, then its checkpoint; IT-Bench's DIR
+    keeps whatever the run did, even when it was stopped."""
+    config = run_config(args, store=store, on_step=_live(args))
+    spec, agent, executor = _prepare(args)
+    handle = RunHandle()
+    try:
+        result = anyio.run(_run, spec, agent, executor, config, handle, backend=args.backend)
+        if store is not None and args.head_out:
+            write_checkpoint(store, args.head_out)
+        return result
+    except Interrupted:
+        if handle.result is not None:  # what the run did until the signal came
+            _print_result(args, handle.result, store)
+        raise
+    finally:
+        if args.command == "itbench":  # IT-Bench scores whatever DIR holds
+            finish_itbench_run(args, handle.result)
 
 
 def _live(args: argparse.Namespace) -> Callable[[TraceEntry], None] | None:
@@ -341,9 +335,9 @@ def _stdout_gone() -> None:
 def _agent(args: argparse.Namespace, executor: Executor, profile: Profile) -> Agent:
     """The ``--agent`` of ``run`` and ``itbench run``; a stdio program in a sandbox that
     hides what the commands' sandbox hides, and every workdir."""
-    containment = containment_options(args)
+    hidden = containment_options(args)["hidden"]
     root = executor.workdir_root if isinstance(executor, LocalExecutor) else None
-    options = agent_options(args, hidden=containment["hidden"], workdir_root=root)
+    options = agent_options(args, hidden=hidden, workdir_root=root)
     return agent_from_spec(args.agent, profile=profile, options=options)
 
 
@@ -356,42 +350,27 @@ def _check_workdir(executor: Executor, spec: ScenarioSpec) -> None:
             raise UsageError(str(exc)) from None
 
 
-def _prepare(
-    args: argparse.Namespace,
-) -> tuple[ScenarioSpec, Agent, Executor, dict[str, Any]]:
+def _prepare(args: argparse.Namespace) -> tuple[ScenarioSpec, Agent, Executor]:
+    """The scenario, agent and executor of ``run``, ``demo`` and ``itbench run``."""
     if args.command == "demo":
-        return (
-            demo_scenario(),
-            demo_agent(),
-            executor_from_spec("local", **containment_options(args)),
-            {},
-        )
+        return demo_scenario(), demo_agent(), build_executor(args)
     if args.command == "itbench":
-        return prepare_itbench_run(args, containment_options(args), partial(_agent, args))
-    spec, overrides = _scenario(args)
-    profile = overrides["profile"]
-    if args.config:
-        config = load_config(args.config)
-        if not config.base_url:
-            raise UsageError(f"{args.config}: supervision.base_url is needed for the reviewer")
-        human = ConsoleHuman() if args.human == "console" else None
-        overrides["review"] = Review(reviewer=OpenAIReviewer(config), config=config, human=human)
-    elif args.human != "none":
-        raise UsageError("--human needs --config (a review layer to pause)")
+        return prepare_itbench_run(args, partial(build_executor, args), partial(_agent, args))
+    spec = _scenario(args)
     executor = _executor(args, spec)
     try:
         _check_workdir(executor, spec)
-        agent = _agent(args, executor, profile)
+        agent = _agent(args, executor, load_profile(spec.profile))
     except BaseException:
         anyio.run(executor.aclose)  # what it made (its workdir root) goes
         raise
-    return spec, agent, executor, overrides
+    return spec, agent, executor
 
 
-def _scenario(args: argparse.Namespace) -> tuple[ScenarioSpec, dict[str, Any]]:
-    """The scenario file with the command line's vars and workdir, and run options."""
+def _scenario(args: argparse.Namespace) -> ScenarioSpec:
+    """The scenario file with the command line's vars and workdir."""
     spec = load_scenario(args.scenario)
-    profile = load_profile(spec.profile)  # an unknown profile is the user's mistake: say so now
+    load_profile(spec.profile)  # an unknown profile is the user's mistake: say so now
     if args.workdir:
         spec = spec.model_copy(update={"workdir": args.workdir})
     if args.var:
@@ -402,21 +381,14 @@ def _scenario(args: argparse.Namespace) -> tuple[ScenarioSpec, dict[str, Any]]:
                 raise UsageError(f"--var {item!r}: expected NAME=VALUE")
             given[name] = value
         spec = spec.with_vars(given)
-    return spec, {"deadline": args.deadline, "max_steps": args.max_steps, "profile": profile}
+    return spec
 
 
 def _executor(args: argparse.Namespace, spec: ScenarioSpec) -> Executor:
-    where = args.executor or spec.host or "local"
-    if where.startswith("ssh://") and args.backend != "asyncio":
-        raise UsageError("the SSH executor needs --backend asyncio (asyncssh does not run on trio)")
-    return executor_from_spec(
-        where,
-        **containment_options(args),
-        identities=args.identity,
-        known_hosts=args.known_hosts,
-        host_key=args.host_key or spec.host_key,
-        insecure=args.insecure_no_host_key_check,
-        jump=args.jump_host,
+    return build_executor(
+        args,
+        where=args.executor or spec.host or "local",
+        host_key=spec.host_key,
         source="--executor" if args.executor else "host:",
     )
 
@@ -425,24 +397,10 @@ def _serve_mcp(args: argparse.Namespace) -> int:
     """``cmbs mcp``: stdout is the MCP channel; the result goes to stderr, one line."""
     if importlib.util.find_spec("mcp") is None:
         raise UsageError("cmbs mcp needs the MCP SDK: pip install 'cmbs-async[mcp]'")
-    spec, options = _scenario(args)
-    executor = _executor(args, spec)
+    spec = _scenario(args)
+    store = audit_store(args)  # a key or database refused: before anything is made
     try:
-        _check_workdir(executor, spec)
-    except BaseException:
-        anyio.run(executor.aclose)
-        raise
-    store = audit_store(args)
-
-    async def serve() -> ScenarioResult | None:
-        async with executor, Session(spec, executor=executor, audit=store, **options) as session:
-            await cancel_on_signals(partial(serve_stdio, session))
-        return session.result
-
-    try:
-        result = anyio.run(serve, backend=args.backend)
-        if store is not None and args.head_out:
-            write_checkpoint(store, args.head_out)
+        result = _serve_session(args, spec, store)
     finally:
         if store is not None:
             store.close()
@@ -455,15 +413,40 @@ def _serve_mcp(args: argparse.Namespace) -> int:
     return EXIT_EARNED if result is not None and result.earned else EXIT_NOT_EARNED
 
 
+def _serve_session(
+    args: argparse.Namespace, spec: ScenarioSpec, store: SQLiteAuditStore | None
+) -> ScenarioResult | None:
+    """The session ``cmbs mcp`` serves, then its checkpoint."""
+    config = run_config(args, store=store)
+    executor = _executor(args, spec)
+    try:
+        _check_workdir(executor, spec)
+    except BaseException:
+        anyio.run(executor.aclose)
+        raise
+
+    async def serve() -> ScenarioResult | None:
+        async with executor, Session(spec, executor=executor, config=config) as session:
+            await cancel_on_signals(partial(serve_stdio, session))
+        return session.result
+
+    result = anyio.run(serve, backend=args.backend)
+    if store is not None and args.head_out:
+        write_checkpoint(store, args.head_out)
+    return result
+
+
 async def _run(
-    spec: ScenarioSpec, agent: Agent, executor: Executor, overrides: dict[str, Any]
+    spec: ScenarioSpec, agent: Agent, executor: Executor, config: RunConfig, handle: RunHandle
 ) -> ScenarioResult:
     try:
         return await cancel_on_signals(
-            partial(run_scenario, spec, agent=agent, executor=executor, **overrides)
+            partial(
+                run_scenario, spec, agent=agent, executor=executor, config=config, handle=handle
+            )
         )
     finally:
         with anyio.CancelScope(shield=True):  # what the command line made, it closes
-            if "review" in overrides:
-                await overrides["review"].reviewer.aclose()
+            if config.review is not None and isinstance(config.review.reviewer, Closing):
+                await config.review.reviewer.aclose()
             await executor.aclose()

@@ -14,7 +14,8 @@ _STDERR_LINES = 20
 
 
 def render_result(result: ScenarioResult) -> str:
-    """A step table (step, action, verdict, message, observed) followed by the outcome.
+    """A step table (step, action, verdict, message, observed) followed by the outcome;
+    the outcome alone for a run that ended before its first step.
 
     Every string the agent or a command supplied is shown with its control characters
     escaped, so it cannot add lines to the table or steer the terminal.
@@ -24,8 +25,8 @@ def render_result(result: ScenarioResult) -> str:
         (str(t.step), t.action or "-", t.verdict.value, t.message, t.observed or "")
         for t in result.trace
     ]
-    lines = table(rows, rule=True)
-    return "\n".join(line.rstrip() for line in [*lines, "", render_outcome(result)])
+    lines = [*table(rows, rule=True), ""] if result.trace else []
+    return "\n".join(line.rstrip() for line in [*lines, render_outcome(result)])
 
 
 def render_step(entry: TraceEntry) -> str:

@@ -9,7 +9,6 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -29,7 +28,6 @@ from .._errors import CmbsError, validation_reason
 from .._reading import ReadError
 from ..agents import Agent, OpenAIAgent, ScriptedAgent, StdioAgent
 from ..agents.stdio import AgentSandbox
-from ..audit import SQLiteAuditStore, default_data_dir, load_or_create_key
 from ..profile import Profile
 
 __all__ = [
@@ -43,10 +41,6 @@ __all__ = [
     "agent_from_spec",
     "canonical_agents",
     "executor_from_spec",
-    "audit_path",
-    "audit_store",
-    "containment_options",
-    "secrets_of",
 ]
 
 
@@ -89,7 +83,7 @@ def agent_factory(spec: str, options: AgentOptions | None = None) -> Callable[[P
             lines = ScriptedAgent.from_jsonl(rest).messages
         except ReadError as exc:  # "FILE: cannot read: ...", "FILE: larger than 64 MiB ..."
             raise SpecError(f"--agent {spec}: {exc}") from None
-        return lambda profile: ScriptedAgent(lines)
+        return lambda profile: ScriptedAgent(lines, label=spec)
     if kind == "stdio" and sep and rest:
         return lambda profile: StdioAgent(rest, sandbox=options.sandbox, pass_env=options.pass_env)
     if kind == "openai" and sep and rest:
@@ -193,14 +187,6 @@ def agent_options(
     return AgentOptions(sandbox=sandbox, pass_env=tuple(args.agent_env))
 
 
-def secrets_of(key: str | Path, audit_db: str | Path | None) -> tuple[str, ...]:
-    """The signing key and the audit database (with its WAL files): never for a command."""
-    paths = [str(key)]
-    if audit_db is not None:
-        paths += [f"{audit_db}{suffix}" for suffix in ("", "-wal", "-shm", "-journal")]
-    return tuple(paths)
-
-
 def executor_from_spec(
     spec: str,
     *,
@@ -277,39 +263,3 @@ def executor_from_spec(
         containments = {"none": ("session-kill",), "bwrap": ("bwrap",)}.get(sandbox, SANDBOXES)
         return SSHExecutor(target, containments=containments)
     raise SpecError(f"--executor {spec!r}: expected local or ssh://USER@HOST[:PORT]")
-
-
-def audit_path(args: argparse.Namespace) -> str | None:
-    """Where a run is recorded: ``--audit-db``, else the default database; ``None`` with
-    ``--no-audit``."""
-    if args.no_audit:
-        return None
-    return str(args.audit_db or default_data_dir() / "audit.db")
-
-
-def audit_store(args: argparse.Namespace) -> SQLiteAuditStore | None:
-    """The store runs are recorded in, signed with ``--signing-key`` (or the default)."""
-    path = audit_path(args)
-    if path is None:
-        if args.head_out:
-            raise SpecError("--head-out needs the audit trail (drop --no-audit)")
-        return None
-    key = load_or_create_key(args.signing_key or default_data_dir() / "signing_key")
-    return SQLiteAuditStore(path, key=key)
-
-
-def containment_options(args: argparse.Namespace, *, recorded: bool = True) -> dict[str, Any]:
-    """The sandbox asked for, where workdirs live, and the operator's secrets a sandboxed
-    command (or agent program) must not see."""
-    key = (args.signing_key if recorded else None) or default_data_dir() / "signing_key"
-    root = args.workdir_root
-    named = getattr(args, "workdir", None)
-    if root is None and named:  # the operator named the workdir: its parent holds it
-        root = os.path.dirname(os.path.abspath(named))
-    return {
-        "sandbox": args.sandbox,
-        "hidden": secrets_of(key, audit_path(args) if recorded else None),
-        "command": args.command,
-        "workdir_root": root,
-        "user": args.sandbox_user,
-    }

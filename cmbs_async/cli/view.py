@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import CmbsError
+from ..audit import default_data_dir
+from ..profile import Profile, builtin_profiles, load_profile
 from ..view import Library, build_app, export_site
 from .audit import default_trusted_key, public_key_option
 
@@ -27,7 +29,12 @@ def add_view_command(sub: Any) -> None:
         description="Serve a read-only viewer on 127.0.0.1 (anything else needs a token), "
         "or write it as static pages with --export DIR.",
     )
-    view.add_argument("db", nargs="*", help="audit databases (SQLite)")
+    view.add_argument(
+        "db",
+        nargs="*",
+        help="audit databases (SQLite; default: the one runs record into, "
+        f"{default_data_dir() / 'audit.db'})",
+    )
     view.add_argument("--results", action="append", default=[], metavar="FILE",
                       help="a batch results file (JSON lines), repeatable")  # fmt: skip
     view.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -35,8 +42,11 @@ def add_view_command(sub: Any) -> None:
     view.add_argument("--token", help="what a browser must give (made up when the host is "
                       "not a loopback address and none is given)")  # fmt: skip
     view.add_argument("--public-key", metavar="FILE|KEY",
-                      help="the operator's key every record must be signed by "
+                      help="the operator's key every record and results line must be signed by "
                       "(default: the public half of the default signing key, if any)")  # fmt: skip
+    view.add_argument("--profile", action="append", default=[], metavar="FILE",
+                      help="a profile a run can be judged again under, beside the built-in "
+                      "ones (repeatable)")  # fmt: skip
     view.add_argument("--export", metavar="DIR", help="write static pages into DIR and exit")
 
 
@@ -45,12 +55,18 @@ def run_view_command(args: argparse.Namespace) -> int:
         raise ViewError("the viewer needs its extra: pip install 'cmbs-async[view]'")
     databases = [Path(db) for db in args.db]
     results = [Path(found) for found in args.results]
+    if not databases:  # the database runs record into, if there is one
+        default = default_data_dir() / "audit.db"
+        if default.is_file():
+            databases = [default]
+        elif not results:
+            raise ViewError(f"no runs recorded yet in {default}: give an audit database")
     for path in databases + results:
         if not path.is_file():
             raise ViewError(f"{path}: no such file")
-    if not databases and not results:
-        raise ViewError("give at least one audit database or --results FILE")
     key = _trusted(args)
+    profiles: dict[str, Profile | None] = dict.fromkeys(builtin_profiles())
+    profiles |= {name: load_profile(Path(name)) for name in args.profile}
     library = Library(databases, results, trusted_key=key)
     library.runs()  # a file that is not an audit database is said now, in one line
     if args.export:
@@ -63,7 +79,10 @@ def run_view_command(args: argparse.Namespace) -> int:
     import uvicorn
 
     config = uvicorn.Config(
-        build_app(library, token=token), host=args.host, port=args.port, log_level="warning"
+        build_app(library, token=token, profiles=profiles),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
     )
     server = uvicorn.Server(config)
     shown = f"http://{args.host}:{args.port}/" + (f"?token={token}" if token else "")

@@ -27,7 +27,7 @@ from typing import Any
 
 from executors.errors import CmbsError
 
-from .rego_syntax import v0_form
+from .rego_syntax import negation_in_every, v0_form
 
 __all__ = ["RegoFailure", "evaluate", "main"]
 
@@ -44,7 +44,7 @@ def evaluate(query: str, *, modules: Sequence[Path], data: Sequence[Path], input
     try:
         from regopy import Interpreter, RegoError
     except ImportError:
-        raise RegoFailure("regopy is not installed: pip install 'cmbs-async[ciso]'") from None
+        raise RegoFailure("regopy is not installed: pip install regopy") from None
     rego = Interpreter()
     noise = io.StringIO()
     try:
@@ -76,6 +76,18 @@ def _refuse_v0(modules: Sequence[Path]) -> None:
         if found is not None:
             line, message = found
             raise RegoFailure(f"{module}:{line}: rego_parse_error: {message}")
+
+
+def _refuse_misjudged(modules: Sequence[Path]) -> None:
+    """What the Rego engine here would answer wrongly, refused rather than misjudged."""
+    for module in modules:
+        line = negation_in_every(module.read_text("utf-8"))
+        if line is not None:
+            raise RegoFailure(
+                f"{module}:{line}: cmbs-opa cannot evaluate `not` inside `every` (its Rego "
+                "engine, regopy, answers it wrongly): call a rule of your own there "
+                "(`every p in ps { allowed(p) }`), or use OPA's `opa`"
+            )
 
 
 def _first(output: object) -> Any:
@@ -113,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         modules = [p for p in paths if p.suffix == ".rego"]
         if not args.v0_compatible:
             _refuse_v0(modules)
+        _refuse_misjudged(modules)
         documents = [p for p in paths if p.suffix != ".rego"]
         input_ = json.loads(Path(args.input).read_text("utf-8")) if args.input else None
         value = evaluate(args.query, modules=modules, data=documents, input_=input_)

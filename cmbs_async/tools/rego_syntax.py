@@ -1,17 +1,23 @@
-"""The two Rego v0 forms OPA 1.x refuses, found the way OPA's parser reports them.
+"""The Rego forms ``cmbs-opa`` refuses: the two v0 forms OPA 1.x refuses, found the way
+OPA's parser reports them, and a form ``regopy`` evaluates wrongly.
 
 ``regopy`` accepts v0 and v1 alike; OPA 1.0 (what IT-Bench's evaluator runs) parses v1
 only and rejects a rule body without ``if`` (``allow { ... }``) and a partial set rule
 without ``contains`` (``deny[msg] { ... }``). This scanner reads a module's top level
 (strings, raw strings and comments skipped) and names the first such form, so that
 ``cmbs-opa`` refuses what OPA would.
+
+``regopy`` (1.5.2, the newest) gets ``not`` inside an ``every`` body wrong: ``every x in
+[1, 2] { not x == 2 }`` comes out true. An evaluator that answers wrongly would let an
+agent earn the wrong posture, so ``cmbs-opa`` refuses such a policy (a rule of its own
+that the body calls is evaluated rightly).
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["V1_IF_REQUIRED", "V1_CONTAINS_REQUIRED", "v0_form"]
+__all__ = ["V1_IF_REQUIRED", "V1_CONTAINS_REQUIRED", "negation_in_every", "v0_form"]
 
 V1_IF_REQUIRED = "`if` keyword is required before rule body"
 V1_CONTAINS_REQUIRED = "`contains` keyword is required for partial set rules"
@@ -55,6 +61,32 @@ def v0_form(module: str) -> tuple[int, str] | None:
             statement.append(text)
         if text in _OPEN:
             depth += 1
+    return None
+
+
+def negation_in_every(module: str) -> int | None:
+    """The line of the first ``not`` inside an ``every`` body in ``module``, or ``None``."""
+    depth, line = 0, 1
+    every_at: list[int] = []  # the depths of the ``every`` bodies open around here
+    waiting = False  # an ``every`` was read, its body's ``{`` not yet
+    for match in _TOKEN.finditer(module):
+        kind, text = match.lastgroup, match.group()
+        if kind in ("skip", "newline"):
+            line += text.count("\n")
+            continue
+        if text == "every":
+            waiting = True
+        elif text == "not" and every_at:
+            return line
+        elif text in _OPEN:
+            depth += 1
+            if waiting and text == "{":
+                every_at.append(depth)
+                waiting = False
+        elif text in _CLOSE:
+            if every_at and every_at[-1] == depth:
+                every_at.pop()
+            depth = max(depth - 1, 0)
     return None
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 
 import anyio
 
-from ..profile import ProfileError, builtin_profiles, load_profile
+from ..profile import Profile, ProfileError, builtin_profiles, load_profile
 from .data import Library, RunRow, RunView
 
 if TYPE_CHECKING:  # the view extra's packages: imported where they are used
@@ -31,7 +31,25 @@ if TYPE_CHECKING:  # the view extra's packages: imported where they are used
 __all__ = ["build_app", "export_site", "templates"]
 
 PAGE_SIZE = 200
-_COLUMNS = ("started", "scenario", "outcome", "posture", "expected", "steps", "duration_s")
+#: the list's columns, in order: what a row holds and the heading over it (each sortable)
+COLUMNS = (
+    ("started", "Started"),
+    ("scenario", "Scenario"),
+    ("agent", "Agent"),
+    ("outcome", "Outcome"),
+    ("posture", "Posture"),
+    ("expected", "Expected"),
+    ("itbench_pass", "IT-Bench"),
+    ("steps", "Steps"),
+    ("duration_s", "Duration s"),
+    ("batch", "Batch"),
+)
+#: what a filter's value ``-`` stands for: the run has none
+NONE = "-"
+#: the filters that keep the rows whose column equals the value given
+_EXACT = ("outcome", "posture", "agent", "batch")
+#: every filter the list takes
+_FILTERS = ("q", "scenario", *_EXACT, "expected", "pass", "line")
 
 
 def templates() -> Environment:
@@ -66,31 +84,66 @@ def _pretty(value: Any) -> str:
 
 
 def filtered(runs: list[RunRow], query: dict[str, str]) -> list[RunRow]:
-    """The runs a list page's filters (``q``, ``outcome``, ``posture``, ``expected``,
-    ``scenario``) keep, sorted by ``sort`` (``-`` first for descending)."""
-    text = query.get("q", "").lower()
-    kept = [
-        row
-        for row in runs
-        if (not text or text in f"{row.scenario} {row.session_id} {row.reason or ''}".lower())
-        and all(
-            not query.get(name) or str(getattr(row, name)) == query[name]
-            for name in ("outcome", "posture", "expected", "scenario")
+    """The runs a list page's filters keep, sorted by ``sort`` (a column's name, ``-``
+    before it for descending; the runs without a value last either way).
+
+    ``q`` searches scenario, session, agent, batch and reason; ``scenario`` is a part of
+    the scenario's id; ``outcome``, ``posture``, ``agent`` and ``batch`` are a value (``-``:
+    none); ``expected`` a posture, ``-``, ``right`` or ``wrong``; ``pass`` is ``pass``,
+    ``fail`` or ``-`` (not scored); ``line`` (the run's results line) is ``verified``,
+    ``unverified`` (or not checked) or ``-`` (none). Every filter given must hold.
+    """
+    tests: list[Any] = []
+    text = query.get("q", "").strip().lower()
+    if text:
+        tests.append(lambda row: text in row.text)
+    scenario = query.get("scenario", "").strip().lower()
+    if scenario:
+        tests.append(lambda row: scenario in row.scenario.lower())
+    for name in _EXACT:
+        if query.get(name):
+            tests.append(_equals(name, query[name]))
+    expected = query.get("expected")
+    if expected in ("right", "wrong"):
+        tests.append(lambda row: row.correct is (expected == "right"))
+    elif expected:
+        tests.append(_equals("expected", expected))
+    scored = query.get("pass")
+    if scored:
+        wanted = {"pass": True, "fail": False}.get(scored)
+        tests.append(lambda row: row.itbench_pass is wanted)
+    line = query.get("line")
+    if line in ("verified", "unverified"):
+        tests.append(
+            lambda row: row.line is not None and (row.line == "verified") is (line == "verified")
         )
-    ]
+    elif line == NONE:
+        tests.append(lambda row: row.line is None)
+    kept = [row for row in runs if all(test(row) for test in tests)] if tests else list(runs)
     sort = query.get("sort", "-started")
     column = sort.lstrip("-")
-    if column in _COLUMNS:
-        kept.sort(
-            key=lambda row: (getattr(row, column) is None, getattr(row, column) or 0),
-            reverse=sort.startswith("-"),
-        )
+    if column in dict(COLUMNS) and sort != "-started":  # the list comes newest first
+        having = [row for row in kept if getattr(row, column) is not None]
+        having.sort(key=lambda row: getattr(row, column), reverse=sort.startswith("-"))
+        kept = having + [row for row in kept if getattr(row, column) is None]
     return kept
 
 
-def build_app(library: Library, *, token: str | None = None) -> Starlette:
+def _equals(name: str, value: str) -> Any:
+    wanted = None if value == NONE else value
+    return lambda row: getattr(row, name) == wanted
+
+
+def build_app(
+    library: Library,
+    *,
+    token: str | None = None,
+    profiles: Mapping[str, Profile | None] | None = None,
+) -> Starlette:
     """The viewer over ``library``; with ``token``, every request must carry it (``?token=``
-    once, then its cookie)."""
+    once, then its cookie). A run can be judged again under one of ``profiles`` (by the
+    name offered, ``None`` for a built-in one loaded when asked for; by default the built-in
+    profiles), never under a file a request names."""
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.middleware.base import BaseHTTPMiddleware
@@ -98,6 +151,9 @@ def build_app(library: Library, *, token: str | None = None) -> Starlette:
     from starlette.routing import Route
 
     env = templates()
+    offered: Mapping[str, Profile | None] = (
+        dict(profiles) if profiles is not None else dict.fromkeys(builtin_profiles())
+    )
 
     def page(name: str, request: Request, **context: Any) -> HTMLResponse:
         stamp = library.state()
@@ -108,13 +164,13 @@ def build_app(library: Library, *, token: str | None = None) -> Starlette:
 
     async def runs(request: Request) -> Response:
         query = dict(request.query_params)
-        rows = await anyio.to_thread.run_sync(library.runs)
+        rows, choices = await anyio.to_thread.run_sync(lambda: (library.runs(), library.choices()))
         started = time.perf_counter()
         kept = filtered(rows, query)
         wanted = query.get("page", "1")
-        number = max(int(wanted), 1) if wanted.isdigit() else 1
+        pages = max((len(kept) + PAGE_SIZE - 1) // PAGE_SIZE, 1)
+        number = min(max(int(wanted), 1), pages) if wanted.isdigit() else 1
         shown = kept[(number - 1) * PAGE_SIZE : number * PAGE_SIZE]
-        outcomes = sorted({row.outcome or "-" for row in rows})
         response = page(
             "runs.html",
             request,
@@ -122,9 +178,11 @@ def build_app(library: Library, *, token: str | None = None) -> Starlette:
             total=len(rows),
             matched=len(kept),
             page=number,
-            pages=max((len(kept) + PAGE_SIZE - 1) // PAGE_SIZE, 1),
-            outcomes=outcomes,
-            link=lambda **changes: "?" + urlencode({**query, **changes}),
+            pages=pages,
+            choices=choices,
+            columns=COLUMNS,
+            filtering=any(query.get(name) for name in _FILTERS),
+            link=lambda **changes: "?" + urlencode({**query, "page": 1, **changes}),
         )
         response.headers["Server-Timing"] = (
             f"filter;dur={(time.perf_counter() - started) * 1000:.1f}"
@@ -135,26 +193,34 @@ def build_app(library: Library, *, token: str | None = None) -> Starlette:
         session_id = request.path_params["session_id"]
         profile = None
         wanted = request.query_params.get("profile")
-        if wanted:  # a built-in profile only: nothing of the viewer's disk is read for it
-            if wanted not in builtin_profiles():
-                return PlainTextResponse(f"no built-in profile {wanted!r}", status_code=404)
-            try:
-                profile = load_profile(wanted)
-            except ProfileError as exc:
-                return PlainTextResponse(str(exc), status_code=404)
+        if wanted:  # one offered: nothing a request names is read from the viewer's disk
+            if wanted not in offered:
+                return PlainTextResponse(f"no profile {wanted!r} offered", status_code=404)
+            profile = offered[wanted]
+            if profile is None:
+                try:
+                    profile = load_profile(wanted)
+                except ProfileError as exc:
+                    return PlainTextResponse(str(exc), status_code=404)
         view = await anyio.to_thread.run_sync(lambda: library.run(session_id, profile=profile))
         if view is None:
             return PlainTextResponse(f"no run {session_id}", status_code=404)
-        recorded = None
-        if profile is not None:
-            recorded = await anyio.to_thread.run_sync(lambda: library.run(session_id))
-        return page("run.html", request, run=view, recorded=recorded, profiles=builtin_profiles())
+        return page(
+            "run.html", request, run=view, rejudged=profile is not None, profiles=list(offered)
+        )
 
     async def diff(request: Request) -> Response:
         ids = [request.query_params.get("a", ""), request.query_params.get("b", "")]
+        picked = request.query_params.getlist("pick")
+        if not all(ids):
+            if len(picked) != 2:
+                return PlainTextResponse(
+                    f"tick two runs to compare ({len(picked)} ticked)", status_code=400
+                )
+            ids = picked
         views = [await anyio.to_thread.run_sync(library.run, i) for i in ids]
         if any(view is None for view in views):
-            return PlainTextResponse("give two runs: ?a=SESSION&b=SESSION", status_code=404)
+            return PlainTextResponse("give two recorded runs: ?a=SESSION&b=SESSION", 404)
         left, right = views[0], views[1]
         assert left is not None and right is not None
         return page("diff.html", request, left=left, right=right, aligned=_aligned(left, right))
@@ -230,7 +296,9 @@ def export_site(library: Library, folder: Path) -> int:
         matched=len(rows),
         page=1,
         pages=1,
-        outcomes=sorted({row.outcome or "-" for row in rows}),
+        choices=library.choices(),
+        columns=COLUMNS,
+        filtering=False,
         link=lambda **changes: "#",
         **common,
     )
@@ -240,7 +308,7 @@ def export_site(library: Library, folder: Path) -> int:
         view = library.run(row.session_id)
         if view is None:
             continue
-        html = env.get_template("run.html").render(run=view, recorded=None, profiles=[], **common)
+        html = env.get_template("run.html").render(run=view, rejudged=False, profiles=[], **common)
         (folder / "run" / file_name(row.session_id)).write_text(html)
         written += 1
     batches = env.get_template("batches.html").render(batches=library.batches(), **common)
