@@ -364,6 +364,8 @@ def test_a_killed_cmbs_leaves_no_command_running(tmp_path: Path) -> None:
 def test_a_secret_among_the_tools_stays_hidden(tmp_path: Path) -> None:
     """The interpreter and this package's code are shown again; a key kept among them not."""
     tools = Path(executors.__file__).resolve().parent.parent
+    if tools.parent == Path("/tmp"):  # a clone in /tmp: each sandbox has a /tmp of its own
+        pytest.skip("the tools lie directly in /tmp: no directory around them to hide")
     key = tools / f".cmbs-test-key-{unique_seconds()}"
     key.write_text("PRIVATE-KEY-AMONG-THE-TOOLS\n")
     try:

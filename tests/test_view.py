@@ -200,17 +200,29 @@ def browser() -> Iterator[object]:
         driver.quit()
 
 
+def replaced(exc: Exception) -> bool:
+    """Whether ``exc`` says an element belonged to a page since replaced (a reload, a
+    click that navigates): chromedriver says so as a stale element, or, caught while the
+    document changes, as an inspector error about a node that is no longer in it."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    return isinstance(exc, StaleElementReferenceException) or (
+        "does not belong to the document" in str(exc)
+    )
+
+
 def wait_for(condition: object, seconds: float = 30) -> None:
     """Until ``condition()`` holds (an element of a page being replaced counts as not)."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.common.exceptions import WebDriverException
 
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
             if condition():  # type: ignore[operator]
                 return
-        except StaleElementReferenceException:
-            pass
+        except WebDriverException as exc:
+            if not replaced(exc):
+                raise
         time.sleep(0.2)
     raise AssertionError("not seen in time")
 
@@ -235,12 +247,14 @@ def shot(driver: object, tmp_path: Path, name: str) -> None:
 
 def rows(driver: object) -> list[str] | None:
     """The list's rows as text; ``None`` while the page is being replaced (a reload)."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
 
     try:
         return [r.text for r in driver.find_elements(By.CSS_SELECTOR, "#runs tr.run")]  # type: ignore[attr-defined]
-    except StaleElementReferenceException:
+    except WebDriverException as exc:
+        if not replaced(exc):
+            raise
         return None
 
 

@@ -51,11 +51,13 @@ from .specs import (
 )
 from .wiring import (
     add_record_options,
+    add_ssh_options,
     audit_path,
     audit_store,
     build_executor,
     containment_options,
     run_config,
+    same_file,
 )
 
 __all__ = ["add_batch_command", "run_batch_command"]
@@ -113,16 +115,7 @@ def add_batch_command(sub: Any, common: argparse.ArgumentParser) -> None:
         help="local or ssh://USER@HOST[:PORT] for every scenario (default: each scenario's "
         "host, else local; on Ray: local only)",
     )
-    batch.add_argument(
-        "--identity", action="append", default=[], help="SSH private key file (for host:)"
-    )
-    batch.add_argument("--known-hosts", help="known_hosts file (default: the user's)")
-    batch.add_argument("--jump-host", help="ssh://USER@HOST[:PORT] to connect through (as ssh -J)")
-    batch.add_argument(
-        "--insecure-no-host-key-check",
-        action="store_true",
-        help="do not verify SSH host keys (logs a warning)",
-    )
+    add_ssh_options(batch)
     add_record_options(batch)
     add_sandbox_option(batch)
     add_agent_options(batch)
@@ -213,21 +206,11 @@ def _out_of_its_own(args: argparse.Namespace) -> None:
     if args.head_out:
         others.append((args.head_out, "--head-out"))
     for other, what in others:
-        if _same_file(args.out, other):
+        if same_file(args.out, (other,)):
             raise BatchError(
                 f"--out {shown(args.out)} is {what} ({shown(other)}): "
                 "the results need a file of their own"
             )
-
-
-def _same_file(path: str, other: str) -> bool:
-    """Whether ``path`` and ``other`` name one file, however either is spelt."""
-    if os.path.realpath(path) == os.path.realpath(other):
-        return True
-    try:
-        return os.path.samefile(path, other)
-    except OSError:  # one of them does not exist (yet)
-        return False
 
 
 def _target(job: Job) -> Target:

@@ -56,6 +56,7 @@ from .specs import (
 from .view import add_view_command, run_view_command
 from .wiring import (
     add_record_options,
+    add_ssh_options,
     audit_path,
     audit_store,
     build_executor,
@@ -155,17 +156,8 @@ def _parser() -> argparse.ArgumentParser:
         "--executor",
         help="local (default) or ssh://USER@HOST[:PORT] (default: the scenario's host)",
     )
-    scenario.add_argument("--identity", action="append", default=[], help="SSH private key file")
-    scenario.add_argument("--known-hosts", help="known_hosts file (default: the user's)")
+    add_ssh_options(scenario)
     scenario.add_argument("--host-key", help="pin the host's public key ('ssh-ed25519 AAAA...')")
-    scenario.add_argument(
-        "--jump-host", help="ssh://USER@HOST[:PORT] to connect through (as ssh -J)"
-    )
-    scenario.add_argument(
-        "--insecure-no-host-key-check",
-        action="store_true",
-        help="do not verify the SSH host key (logs a warning)",
-    )
     add_sandbox_option(scenario)
     scenario.add_argument("--deadline", type=_positive(float), help="seconds (overrides the file)")
     scenario.add_argument(

@@ -23,11 +23,13 @@ from .specs import SpecError, executor_from_spec
 
 __all__ = [
     "add_record_options",
+    "add_ssh_options",
     "audit_path",
     "audit_store",
     "build_executor",
     "containment_options",
     "run_config",
+    "same_file",
     "secrets_of",
 ]
 
@@ -59,6 +61,18 @@ def add_record_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_ssh_options(parser: argparse.ArgumentParser) -> None:
+    """How an ``ssh://`` executor connects: keys, known hosts, a hop."""
+    parser.add_argument("--identity", action="append", default=[], help="SSH private key file")
+    parser.add_argument("--known-hosts", help="known_hosts file (default: the user's)")
+    parser.add_argument("--jump-host", help="ssh://USER@HOST[:PORT] to connect through (as ssh -J)")
+    parser.add_argument(
+        "--insecure-no-host-key-check",
+        action="store_true",
+        help="do not verify SSH host keys (logs a warning)",
+    )
+
+
 def secrets_of(key: str | Path, audit_db: str | Path | None) -> tuple[str, ...]:
     """The signing key and the audit database (with its WAL files): never for a command."""
     paths = [str(key)]
@@ -83,7 +97,7 @@ def audit_store(args: argparse.Namespace) -> SQLiteAuditStore | None:
             raise SpecError("--head-out needs the audit trail (drop --no-audit)")
         return None
     key_path = args.signing_key or default_data_dir() / "signing_key"
-    if args.head_out and _same_file(args.head_out, secrets_of(key_path, path)):
+    if args.head_out and same_file(args.head_out, secrets_of(key_path, path)):
         raise SpecError(
             f"--head-out {args.head_out}: that is the signing key or the audit database"
         )
@@ -91,7 +105,7 @@ def audit_store(args: argparse.Namespace) -> SQLiteAuditStore | None:
     return SQLiteAuditStore(path, key=key)
 
 
-def _same_file(path: str, others: tuple[str, ...]) -> bool:
+def same_file(path: str, others: tuple[str, ...]) -> bool:
     """Whether ``path`` names one of ``others``, however either is spelt (a link, another
     hard link to the same file)."""
     real = os.path.realpath(path)
