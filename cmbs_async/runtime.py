@@ -297,13 +297,14 @@ async def _run(
     config = options.config
     gate = Gate(options.profile, rules=config.rules)
     review = config.review
+    label = agent_label(agent)  # the same name in the record and the trace
     async with open_trail(
         config.audit,
         options.session_id,
         spec=spec,
         profile=options.profile,
         review=review.config if review is not None else None,
-        agent=agent_label(agent),
+        agent=label,
         heads=config.telemetry is not None,
     ) as trail:
         trail, on_step = traced(  # with telemetry: a trace of the run, a span per step
@@ -311,7 +312,7 @@ async def _run(
             config.telemetry,
             spec=spec,
             session_id=options.session_id,
-            agent=agent_label(agent),
+            agent=label,
             on_step=config.on_step,
         )
         run = _Run(

@@ -409,3 +409,23 @@ def replaying(*messages: str) -> tuple[CallableAgent, list[Turn]]:
         return messages[turn.step - 1] if turn.step <= len(messages) else None
 
     return CallableAgent(agent), seen
+
+
+def cmbs(*args: str | bytes, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``cmbs ARGS`` as a user runs it, stdin closed, its output captured as text."""
+    return subprocess.run(
+        [*CMBS, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def one_line_exit_2(done: subprocess.CompletedProcess[str]) -> None:
+    """A usage mistake: one line on stderr, exit status 2, no traceback."""
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

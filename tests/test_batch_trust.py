@@ -27,7 +27,7 @@ from cmbs_async.batch.results import signed_payload, untrusted_line
 from cmbs_async.profile import load_profile
 from executors import LocalExecutor
 
-from .helpers import CMBS, step
+from .helpers import CMBS, one_line_exit_2, step
 from .sshd import LocalSshd, sshd_available
 from .test_batch_eval import LIE, SOLVE, results, scenarios, script
 
@@ -43,13 +43,6 @@ def cmbs(*args: str | bytes) -> subprocess.CompletedProcess[str]:
         check=False,
         stdin=subprocess.DEVNULL,
     )
-
-
-def one_line_exit_2(done: subprocess.CompletedProcess[str]) -> None:
-    """A usage mistake: one line on stderr, exit status 2, no traceback."""
-    assert "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def notes(done: subprocess.CompletedProcess[str]) -> list[str]:

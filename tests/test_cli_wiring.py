@@ -17,28 +17,9 @@ from cmbs_async import CallableAgent, RunConfig, ScenarioSpec, Turn, run_scenari
 from cmbs_async.profile import load_profile
 from executors.ssh import SSHTarget
 
-from .helpers import CMBS, step
+from .helpers import cmbs, one_line_exit_2, step
 
 LIE = [step("declare_posture", {"posture": "compliant"}, posture="compliant")]
-
-
-def cmbs(*args: str | bytes, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CMBS, *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def one_line_exit_2(done: subprocess.CompletedProcess[str]) -> None:
-    """A usage mistake: one line on stderr, exit status 2, no traceback."""
-    assert "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def scenario(folder: Path, name: str = "a") -> Path:

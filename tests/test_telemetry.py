@@ -32,7 +32,7 @@ from cmbs_async.audit import SQLiteAuditStore, load_or_create_key
 from cmbs_async.demo import demo_agent, demo_scenario
 from cmbs_async.telemetry import TEXT_LIMIT, Telemetry, TelemetryError, telemetry_for
 
-from .helpers import CMBS, step
+from .helpers import CMBS, cmbs, one_line_exit_2, step
 from .sshd import free_port
 
 pytestmark = pytest.mark.anyio
@@ -449,25 +449,6 @@ async def test_cmbs_run_exports_the_run_it_shows(
 
 
 # --- mistakes of the command line and the variables: one line each -----------------------
-
-
-def cmbs(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CMBS, *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def one_line_exit_2(done: subprocess.CompletedProcess[str]) -> None:
-    """A usage mistake: one line on stderr, exit status 2, no traceback."""
-    assert "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 NO_URLS = ["http://[::1", "http://localhost:99999", "http://localhost:port", "http://h:0"]
