@@ -25,6 +25,7 @@ if typing.TYPE_CHECKING:
         ModelEndpointError,
         OpenAIAgent,
         ScriptedAgent,
+        SpecError,
         StdioAgent,
     )
     from .audit import (
@@ -162,6 +163,7 @@ __all__ = [
     "Session",
     "SessionEnded",
     "SigningKeyError",
+    "SpecError",
     "StdioAgent",
     "StepReply",
     "SupervisionConfig",
@@ -191,6 +193,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "ModelEndpointError",
         "OpenAIAgent",
         "ScriptedAgent",
+        "SpecError",
         "StdioAgent",
     ),
     "audit": (

@@ -14,9 +14,11 @@ from .protocol import CommandEnv, Observation, Program
 
 __all__ = ["NO_HOME", "Programs", "run_evaluation"]
 
-#: The ``HOME`` an evaluation runs with: a path under which nothing can be made, so that
-#: no file the agent left in a home (``~/.kube/config``) is read as the program's own.
-NO_HOME = "/dev/null"
+#: The ``HOME`` an evaluation runs with: a path that does not exist and under which
+#: nothing can be made, so that no file the agent left in a home (``~/.kube/config``) is
+#: read as the program's own. Not ``/dev/null``: kubectl stats ``$HOME/.kube/config``
+#: and stops at "not a directory", where "no such file" lets it go on.
+NO_HOME = "/proc/nonexistent"
 
 
 class Programs:

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import stat
 import tarfile
 import tempfile
@@ -43,6 +44,7 @@ from .tools import tools_dir
 __all__ = [
     "APPENDIX",
     "DEADLINE_S",
+    "KYVERNO_CRDS",
     "CannotScore",
     "Evaluation",
     "Flip",
@@ -51,6 +53,7 @@ __all__ = [
     "ScenarioData",
     "agent_file",
     "check_strict",
+    "cluster_problem",
     "collected_kind",
     "command_search",
     "evaluate",
@@ -59,6 +62,7 @@ __all__ = [
     "load_scenario_data",
     "missing_program",
     "prepare_workdir",
+    "program_hint",
     "replace_file",
     "targets",
     "with_key_file",
@@ -301,6 +305,25 @@ def missing_program(kind: Kind, search: str, *, opa: str | None = None) -> str |
     return None
 
 
+def program_hint(missing: str, search: str) -> str:
+    """Why a program :func:`missing_program` named (``opa or cmbs-opa``) is not found
+    although the operator's ``PATH`` has it: its directory is one sandboxed commands
+    cannot see (the home, ``/tmp``; ``search`` is what they search), said as a clause
+    to add to the message (``""`` if not so)."""
+    for name in missing.split(" or "):
+        found = None if "/" in name else shutil.which(name)
+        if found is None or shutil.which(name, path=search) is not None:
+            continue
+        hidden = [os.path.realpath(p) for p in (*default_hidden(), "/tmp", "/dev/shm")]
+        place = next((h for h in hidden if _under(os.path.realpath(found), [h])), None)
+        unseen = f"under {place}, which" if place is not None else "where"
+        return (
+            f" ({found} is on your PATH but {unseen} sandboxed commands do not see: put it "
+            "in a directory outside the home and /tmp, or run with --sandbox none)"
+        )
+    return ""
+
+
 def itbench_scenario(
     goal: str,
     workdir: str | Path,
@@ -347,6 +370,84 @@ def targets(data: ScenarioData) -> tuple[str, ...]:
     except ValueError as exc:
         raise ItbenchError(f"the scenario data: {one_line(str(exc))}") from None
     return tuple(dict.fromkeys(found))
+
+
+#: What a Kyverno kind needs in its cluster, as CRDs: the reports IT-Bench scores, and the
+#: policies the agent deploys (or edits); without them no Kyverno is installed there.
+KYVERNO_CRDS = ("policyreports.wgpolicyk8s.io", "clusterpolicies.kyverno.io")
+#: How long kubectl waits for the cluster when cmbs asks it (``--request-timeout``).
+_CLUSTER_WAIT_S = 20
+
+
+async def cluster_problem(
+    executor: Executor, kind: Kind, kubeconfig: str, *, command_timeout_s: float = 60.0
+) -> str | None:
+    """Why the cluster that ``kubeconfig`` (a kubeconfig's text) names cannot serve a
+    ``kind`` scenario, said to follow "the cluster of ...": its server does not answer
+    (``kubectl version``), or, for the Kyverno kinds, it has no Kyverno (one of
+    :data:`KYVERNO_CRDS` absent); ``None`` if it can. Asked with kubectl in a fresh
+    directory of ``executor``, as the scenario's commands run (sandboxed, reaching only
+    the kubeconfig's servers: a credential plugin it names runs there too), and removed.
+    :class:`ItbenchError` (one line) for a kubeconfig that names no server."""
+    try:
+        network = destinations_from_kubeconfig(kubeconfig)
+    except ValueError as exc:
+        raise ItbenchError(f"the kubeconfig: {one_line(str(exc))}") from None
+    if isinstance(executor, LocalExecutor):  # its commands connect from here: say why not
+        for destination in network:
+            refused = await _unreachable(destination)
+            if refused is not None:
+                return f"does not answer: cannot connect to {destination} ({refused})"
+    env = CommandEnv(network=network)
+    fresh = await executor.prepare(None, {"kubeconfig.yaml": kubeconfig}, env=env)
+    try:
+        env = env.model_copy(update={"values": {"KUBECONFIG": f"{fresh}/kubeconfig.yaml"}})
+        run = partial(executor.run_command, fresh, timeout=command_timeout_s, env=env)
+        wait = f"--request-timeout={_CLUSTER_WAIT_S}s"
+        version = await run(f"kubectl version --output=json {wait}")
+        if version.program_found is False:
+            return "cannot be asked: kubectl not found where commands run"
+        if not version.success:
+            return f"does not answer: {_last_line(version)}"
+        if kind not in (Kind.KYVERNO_GENERATE, Kind.KYVERNO_UPDATE):
+            return None
+        crds = await run(
+            f"kubectl get customresourcedefinitions {' '.join(KYVERNO_CRDS)} --output=name {wait}"
+        )
+    finally:
+        with anyio.CancelScope(shield=True):
+            await executor.cleanup(fresh)
+    listed = {line.rpartition("/")[2] for line in crds.stdout.text.split()}
+    absent = [name for name in KYVERNO_CRDS if name not in listed]
+    if absent and (crds.success or "(NotFound)" in crds.stderr.text):
+        return f"has no Kyverno (no CRD {absent[0]}): a {kind.value} scenario needs it installed"
+    if not crds.success:
+        return f"cannot be asked for Kyverno's CRDs: {_last_line(crds)}"
+    return None
+
+
+async def _unreachable(destination: str, timeout_s: float = 10.0) -> str | None:
+    """Why no TCP connection to ``destination`` (``HOST:PORT``, ``[V6]:PORT``) can be
+    made from here within ``timeout_s``, or ``None`` if one can."""
+    host, _, port = destination.rpartition(":")
+    connect = partial(socket.create_connection, (host.strip("[]"), int(port)), timeout_s)
+    try:
+        connected = await anyio.to_thread.run_sync(connect)
+    except TimeoutError:
+        return f"no answer within {timeout_s:g} s"
+    except OSError as exc:
+        return one_line(exc.strerror or str(exc))
+    connected.close()
+    return None
+
+
+def _last_line(observation: Observation) -> str:
+    """What a failed command said last (stderr, else stdout), on one line, capped."""
+    for stream in (observation.stderr.text, observation.stdout.text):
+        lines = [line for line in stream.splitlines() if line.strip()]
+        if lines:
+            return one_line(lines[-1])[:300]
+    return observation.summary()[:300]
 
 
 def write_tar(workdir: str | Path, tar_path: str | Path) -> None:
@@ -480,9 +581,14 @@ async def evaluate(
 
     :class:`CannotScore` (no verdict) where the evaluator's programs (``ansible-playbook``
     or ``kubectl``, and ``opa``) are missing where its commands run: checked on a local
-    executor's ``PATH`` before anything runs, and on any executor from what ran."""
+    executor's ``PATH`` before anything runs, and on any executor from what ran; and where
+    the cluster of ``kubeconfig`` (or ``fixed_kubeconfig``) does not answer
+    (:func:`cluster_problem`), asked before the agent's collector runs."""
     if kind not in _COLLECTORS:
-        raise ItbenchError(f"{kind.value} is scored against a live cluster with Kyverno")
+        raise ItbenchError(
+            f"{kind.value} is scored against a live cluster with Kyverno: "
+            "cmbs_async.kyverno.evaluate_kyverno"
+        )
     target = inventory if kind is Kind.RHEL9_ANSIBLE_OPA else kubeconfig
     if target is None:
         option = "--inventory" if kind is Kind.RHEL9_ANSIBLE_OPA else "--kubeconfig"
@@ -504,11 +610,24 @@ async def evaluate(
     search = command_search(executor)
     missing = None if search is None else missing_program(kind, search, opa=opa)
     if missing is not None:  # before anything runs: no verdict, not the agent's failure
-        raise CannotScore(f"{missing} not found on the PATH the evaluator's commands run with")
+        raise CannotScore(
+            f"{missing} not found on the PATH the evaluator's commands run with"
+            + program_hint(missing, search or "")
+        )
     files, collector = found
-    run = partial(
-        _collect_and_evaluate, executor, kind, collector, opa or _opa(), command_timeout_s
-    )
+    # a cluster that does not answer is no verdict either: asked before anything runs
+    for option, path, text in (
+        ("--kubeconfig", target, files.get("kubeconfig.yaml")),
+        ("--fixed-kubeconfig", fixed, fixed_text),
+    ):
+        if kind is Kind.KUBECTL_OPA and text is not None:
+            problem = await cluster_problem(
+                executor, kind, text, command_timeout_s=command_timeout_s
+            )
+            if problem is not None:
+                raise CannotScore(f"the cluster of {option} {path} {problem}")
+    opa = opa or _opa(search)
+    run = partial(_collect_and_evaluate, executor, kind, collector, opa, command_timeout_s)
     real = await run(files, keep_input=strict and fixed_text is None)
     details |= real.details
     passed = real.printed == expect
@@ -528,7 +647,7 @@ async def evaluate(
             real.collected,
             flips,
             expect=expect,
-            opa=opa or _opa(),
+            opa=opa,
             command_timeout_s=command_timeout_s,
         )
     details["verdicts"] = {"target": real.printed, "opposite": printed}
@@ -573,7 +692,7 @@ async def _collect_and_evaluate(
         env["ANSIBLE_HOST_KEY_CHECKING"] = "False"
         collect = f"ansible-playbook -i inventory.ini {collector}"
     else:
-        collect = f"sh {collector}"
+        collect = f"bash {collector}"  # as IT-Bench runs it
     # the agent's collector reaches the evaluator's target and nothing else
     command_env = CommandEnv(values=env, readable=readable, network=_network(kind, own))
     fresh = await executor.prepare(None, files, env=command_env)
@@ -847,10 +966,12 @@ def _said(observation: Observation) -> dict[str, Any]:
     }
 
 
-def _opa() -> str:
-    """``opa`` where installed, else ``cmbs-opa`` (installed with cmbs)."""
+def _opa(search: str | None) -> str:
+    """``opa`` where installed, else ``cmbs-opa`` (installed with cmbs), as the
+    evaluator's commands find them (``search``: their ``PATH``, as
+    :func:`command_search` gives it; ``None``: this process's)."""
     for name in ("opa", "cmbs-opa"):
-        found = shutil.which(name) or shutil.which(name, path=tools_dir())
+        found = shutil.which(name, path=search) or shutil.which(name, path=tools_dir())
         if found:
             return found
     return "opa"

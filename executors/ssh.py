@@ -45,7 +45,7 @@ import secrets
 import shlex
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -194,6 +194,9 @@ class SSHTarget:
     connect_timeout: float = 10.0
     keepalive_interval: float = 15.0
     jump: SSHTarget | None = None
+    #: the identities' and known hosts' contents, read already (see :meth:`carried`)
+    identity_data: tuple[bytes, ...] = field(default=(), repr=False)
+    known_hosts_data: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         check_host(self.host)
@@ -224,6 +227,29 @@ class SSHTarget:
             return cls(host=parts.hostname, user=parts.username, port=port, jump=jump, **options)
         except ValueError as exc:
             raise ValueError(f"{url!r}: {exc}") from None
+
+    def carried(self) -> SSHTarget:
+        """This target with its identity and known-hosts files read into memory, so it can
+        be used where those files are not (a batch's Ray worker): the same checks and caps
+        as a connection's, :class:`SSHAuthRefused` or :class:`SSHHostKeyRejected` if one
+        cannot be read."""
+        for path in self.identities:
+            read_identity(path)  # a key that cannot be used is said now, by its file
+        if self.known_hosts:
+            _known_hosts(self.known_hosts)
+        return replace(
+            self,
+            identities=(),
+            identity_data=self.identity_data
+            + tuple(_read_capped(path, _IDENTITY_MAX) or b"" for path in self.identities),
+            known_hosts=None,
+            known_hosts_data=(
+                _read_capped(self.known_hosts, _KNOWN_HOSTS_MAX)
+                if self.known_hosts
+                else self.known_hosts_data
+            ),
+            jump=self.jump.carried() if self.jump is not None else None,
+        )
 
     @property
     def label(self) -> str:
@@ -256,8 +282,10 @@ def _options(target: SSHTarget) -> dict[str, Any]:
     }
     if target.user:
         options["username"] = target.user
-    if target.identities:
-        options["client_keys"] = [read_identity(path) for path in target.identities]
+    if target.identities or target.identity_data:
+        options["client_keys"] = [read_identity(path) for path in target.identities] + [
+            asyncssh.import_private_key(data) for data in target.identity_data
+        ]
     if target.insecure:
         options["known_hosts"] = None
     elif target.host_key:
@@ -268,6 +296,10 @@ def _options(target: SSHTarget) -> dict[str, Any]:
         options["known_hosts"] = ([key], [], [])
     elif target.known_hosts:
         options["known_hosts"] = _known_hosts(target.known_hosts)
+    elif target.known_hosts_data is not None:
+        options["known_hosts"] = asyncssh.import_known_hosts(
+            target.known_hosts_data.decode("utf-8", "replace")
+        )
     return options
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from .helpers import processes_with, unique_seconds
+from .k8s_plane import K8sPlane, k8s_tools
 from .llm_server import LlamaServer, model_path
 
 DATA = Path(__file__).parent / "data"
@@ -46,6 +47,14 @@ def llama() -> Iterator[LlamaServer]:
     assert path is not None, "the llm extra is not installed"
     with LlamaServer(path) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def k8s_plane() -> Iterator[K8sPlane]:
+    """One local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager)
+    for every ``k8s`` test of the session; skips without the programs (CI must have them)."""
+    with K8sPlane(k8s_tools()) as plane:
+        yield plane
 
 
 @pytest.fixture

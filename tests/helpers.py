@@ -112,6 +112,19 @@ def step(
     )
 
 
+#: An agent's steps that find the fault :data:`EVALUATE` reports and say so.
+SOLVE = [
+    step("check_status", {"command": EVALUATE}),
+    step(
+        "declare_posture",
+        {"posture": "non_compliant"},
+        posture="non_compliant",
+        evidence="successful",
+    ),
+    step("terminate", posture="non_compliant", evidence="successful"),
+]
+
+
 @contextmanager
 def captured_events(name: str = "cmbs_async") -> Iterator[list[dict[str, Any]]]:
     """The events the standard logger ``name`` gets while the block runs, debug and up,

@@ -29,18 +29,8 @@ from cmbs_async.batch import (
 from cmbs_async.demo import demo_scenario
 from executors import LocalExecutor
 
-from .helpers import CMBS, EVALUATE, evaluated_files, step
+from .helpers import CMBS, SOLVE, evaluated_files, step
 
-SOLVE = [  # finds the fault and says so: right where the setting is on
-    step("check_status", {"command": EVALUATE}),
-    step(
-        "declare_posture",
-        {"posture": "non_compliant"},
-        posture="non_compliant",
-        evidence="successful",
-    ),
-    step("terminate", posture="non_compliant", evidence="successful"),
-]
 LIE = [step("declare_posture", {"posture": "compliant"}, posture="compliant")]
 
 #: A stdio agent (any language; Python here) that answers every turn with the next line

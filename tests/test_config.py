@@ -138,7 +138,10 @@ def test_the_audit_log_names_the_agent_of_a_command_line_run(tmp_path: Path) -> 
     reason="install the ray extra: pip install -e '.[ray]'",
 )
 def test_a_ray_worker_hides_what_the_local_executor_hides(tmp_path: Path) -> None:
+    from cmbs_async.agents.specs import AgentOptions
     from cmbs_async.batch.ray_backend import run_batch_ray
+    from cmbs_async.batch.ray_worker import WorkerPlan
+    from cmbs_async.profile import load_profile
 
     place = Path(tempfile.mkdtemp(dir="/var/tmp"))  # not /tmp: each sandbox has its own
     try:
@@ -153,13 +156,19 @@ def test_a_ray_worker_hides_what_the_local_executor_hides(tmp_path: Path) -> Non
         spec = ScenarioSpec(id="peek", goal="g", deadline_s=120)
         seen = {}
         for hidden in ((), (str(secret),)):
-            report = run_batch_ray(
-                [Job(scenario_file="peek.yaml", spec=spec, agent="script:peek", repeat=0)],
-                agent_lines={"script:peek": lines},
-                concurrency=1,
-                shards=1,
+            plan = WorkerPlan(
+                agents={"script:peek": lines},
+                options=AgentOptions(),
+                profiles={"ciso": load_profile("ciso")},
                 sandbox="bwrap",
                 hidden=hidden,
+                audit=False,
+            )
+            report = run_batch_ray(
+                [Job(scenario_file="peek.yaml", spec=spec, agent="script:peek", repeat=0)],
+                plan=plan,
+                concurrency=1,
+                workers=1,
             )
             (record,) = report.records
             seen[hidden] = record["trace"][0]["observed"]

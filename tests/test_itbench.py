@@ -203,11 +203,13 @@ def test_a_playbook_for_another_inventory_fails_itbench_scoring(
 
 
 @pytest.mark.ssh
+@pytest.mark.parametrize("backend", ["asyncio", pytest.param("ray", marks=pytest.mark.ray)])
 def test_cmbs_batch_reports_itbench_pass_at_1_beside_the_gates_outcome(
-    target: LocalSshd, tmp_path: Path
+    target: LocalSshd, tmp_path: Path, backend: str
 ) -> None:
     """The liar writes the same artifacts as the solver, so IT-Bench passes both; only the
-    gate tells them apart (the liar's claims are never earned on the faulty host)."""
+    gate tells them apart (the liar's claims are never earned on the faulty host). On Ray,
+    each run is scored on the worker that ran it."""
     fault = "X11Forwarding yes" in (target.dir / "sshd_config").read_text()
     spec = yaml.safe_load((PACK / "rhel9-ansible-opa" / "scenario.yaml").read_text())
     spec["vars"] |= {
@@ -237,8 +239,10 @@ def test_cmbs_batch_reports_itbench_pass_at_1_beside_the_gates_outcome(
         str(evaluator),
         "--itbench-expect",
         "false" if fault else "true",
+        "--backend",
+        backend,
     )
-    assert "IT-Bench pass@1" in done.stdout.splitlines()[0], done.stdout + done.stderr
+    assert "IT-Bench pass@1" in done.stdout.partition("\n")[0], done.stdout + done.stderr
     rows = {line.split()[1].rsplit("/", 1)[-1]: line for line in done.stdout.splitlines()[1:3]}
     earned = {"solve.jsonl": 1 if fault else 0, "lie.jsonl": 0}  # solve claims non_compliant
     for name, line in rows.items():
@@ -385,10 +389,10 @@ def test_kubernetes_signals_on_captured_outputs(
 
 
 def test_kubectl_opa_is_scored_against_the_evaluators_cluster(tmp_path: Path) -> None:
-    """No API server can run here: with an unreachable cluster IT-Bench's run of the
-    agent's script collects nothing, and the workdir fails; the Kyverno kinds are
-    refused in one line. Without kubectl there is no verdict at all (exit 2: see
-    tests/test_itbench_tools.py)."""
+    """A cluster that does not answer is no verdict on the agent's script: no score (exit
+    2, one line, nothing written), as without kubectl (see tests/test_itbench_tools.py);
+    a Kyverno kind needs the evaluator's kubeconfig. Scoring against a real cluster is in
+    tests/test_itbench_k8s.py and tests/test_itbench_kyverno*.py."""
     workdir = tmp_path / "agent"
     workdir.mkdir()
     (workdir / "script.sh").write_text("kubectl get pods -A -o json > collected_data.json\n")
@@ -400,16 +404,17 @@ def test_kubectl_opa_is_scored_against_the_evaluators_cluster(tmp_path: Path) ->
         "contexts: [{name: c, context: {cluster: k, user: u}}]\nusers: [{name: u, user: {}}]\n"
     )
     done = cmbs("itbench", "evaluate", str(workdir), "--kubeconfig", str(kubeconfig), "--json")
+    assert done.returncode == 2 and done.stdout == "", done.stderr
     if shutil.which("kubectl") is None:  # CI installs no kubectl: IT-Bench cannot score
-        assert done.returncode == 2 and "cannot score: kubectl not found" in done.stderr
+        assert "cannot score: kubectl not found" in done.stderr
     else:
-        assert done.returncode == 1, done.stderr
-        evaluation = json.loads(done.stdout)
-        assert evaluation["pass"] is False and evaluation["details"]["kind"] == "kubectl-opa"
-        collector = evaluation["details"]["collector"]
-        assert collector["command"] == "sh script.sh" and collector["exit_status"] != 0
+        assert done.stderr == (
+            f"cmbs itbench: cannot score: the cluster of --kubeconfig {kubeconfig} does not "
+            "answer: cannot connect to 127.0.0.1:9 (Connection refused)\n"
+        )
+    assert not (workdir / "evaluation.json").exists()
     refused = cmbs("itbench", "evaluate", str(workdir), "--kind", "kyverno-update")
-    assert refused.returncode == 2 and "live cluster" in refused.stderr
+    assert refused.returncode == 2 and "needs the evaluator's --kubeconfig FILE" in refused.stderr
     assert len(refused.stderr.splitlines()) == 1
 
 

@@ -24,6 +24,7 @@ from cmbs_async.itbench import Flip, ItbenchError, Kind, evaluate
 from executors import LocalExecutor
 
 from .helpers import CMBS, POLICY
+from .k8s_plane import K8sPlane
 from .sshd import ITBENCH_SUDO, LocalSshd, ThrowawayUser, itbench_target_missing
 
 SOLVE = Path(__file__).parent.parent / "examples" / "ciso" / "rhel9-ansible-opa" / "solve.jsonl"
@@ -225,7 +226,8 @@ def test_strict_options_that_do_not_go_together_are_one_line(tmp_path: Path) -> 
 
 # Without a fixed target: the policy on the collected input, reversed. A kubectl + OPA
 # workdir whose script writes pods as a cluster with a pod on the host network would
-# show them (no cluster can run here; nothing is reached), on both event loops.
+# show them, on both event loops; the kubeconfig names a real cluster (the evaluator
+# checks that it answers before it scores), which the scripts do not read.
 
 PODS = {"items": [{"metadata": {"name": "web"}, "spec": {"hostNetwork": True}}] * 2}
 HOST_NETWORK = (
@@ -233,10 +235,12 @@ HOST_NETWORK = (
     "result if {\n    not some_host_network\n}\n\n"
     "some_host_network if {\n    some pod in input.items\n    pod.spec.hostNetwork\n}\n"
 )
-KUBECONFIG = (
-    "apiVersion: v1\nkind: Config\n"
-    "clusters: [{name: k, cluster: {server: 'https://192.0.2.1:6443'}}]\ncontexts: []\nusers: []\n"
-)
+
+
+@pytest.fixture
+def kubeconfig(k8s_plane: K8sPlane) -> str:
+    """A kubeconfig of a real cluster: the evaluator checks it answers before it scores."""
+    return k8s_plane.kubeconfig.read_text()
 
 
 def pods_workdir(tmp_path: Path, policy: str, script: str | None = None) -> Path:
@@ -247,11 +251,11 @@ def pods_workdir(tmp_path: Path, policy: str, script: str | None = None) -> Path
         script or f"printf '%s' '{collected}' > collected_data.json\n"
     )
     (folder / "policy.rego").write_text(policy)
-    (tmp_path / "kubeconfig.yaml").write_text(KUBECONFIG)
     return folder
 
 
-async def strictly(tmp_path: Path, folder: Path, *flips: str, **more: Any) -> Any:
+async def strictly(tmp_path: Path, folder: Path, kubeconfig: str, *flips: str, **more: Any) -> Any:
+    (tmp_path / "kubeconfig.yaml").write_text(kubeconfig)
     async with LocalExecutor(workdir_root=str(tmp_path)) as executor:
         return await evaluate(
             folder,
@@ -264,13 +268,14 @@ async def strictly(tmp_path: Path, folder: Path, *flips: str, **more: Any) -> An
         )
 
 
+@pytest.mark.k8s
 @pytest.mark.anyio
 async def test_the_opposite_input_flips_an_honest_policy_and_not_a_constant(
-    tmp_path: Path,
+    tmp_path: Path, kubeconfig: str
 ) -> None:
     folder = pods_workdir(tmp_path, HOST_NETWORK)
     for flips in ((), ("/items/*/spec/hostNetwork=false",)):
-        passed = await strictly(tmp_path, folder, *flips)
+        passed = await strictly(tmp_path, folder, kubeconfig, *flips)
         assert passed.passed, passed.details
         assert passed.details["verdicts"] == {"target": "false", "opposite": "true"}
         changed = passed.details["strict"]["changed"]  # every pod's, at once
@@ -280,13 +285,14 @@ async def test_the_opposite_input_flips_an_honest_policy_and_not_a_constant(
 
     (folder / "policy.rego").write_text(CONSTANT)
     for flips in ((), ("/items/*/spec/hostNetwork=false",)):
-        failed = await strictly(tmp_path, folder, *flips)
+        failed = await strictly(tmp_path, folder, kubeconfig, *flips)
         assert not failed.passed
         assert failed.details["verdicts"] == {"target": "false", "opposite": "false"}
 
 
+@pytest.mark.k8s
 @pytest.mark.anyio
-async def test_an_opposite_input_that_cannot_be_made_fails(tmp_path: Path) -> None:
+async def test_an_opposite_input_that_cannot_be_made_fails(tmp_path: Path, kubeconfig: str) -> None:
     """A pointer that names nothing, a value already there, no setting with a known
     opposite, an input that is no JSON or a link: each fails, saying why."""
     folder = pods_workdir(tmp_path, HOST_NETWORK)
@@ -295,7 +301,7 @@ async def test_an_opposite_input_that_cannot_be_made_fails(tmp_path: Path) -> No
         (("/items/9/spec/hostNetwork=false",), "nothing at /items/9/spec/hostNetwork"),
         (("/items/*/spec/hostNetwork=true",), "changes nothing"),
     ):
-        failed = await strictly(tmp_path, folder, *flips)
+        failed = await strictly(tmp_path, folder, kubeconfig, *flips)
         assert not failed.passed and why in failed.details["reason"], failed.details
         assert failed.details["verdicts"] == {"target": "false", "opposite": None}
     for script, why in (
@@ -304,27 +310,30 @@ async def test_an_opposite_input_that_cannot_be_made_fails(tmp_path: Path) -> No
         ("ln -s /etc/hostname collected_data.json\n", "no regular collected_data.json"),
     ):
         folder = pods_workdir(tmp_path, HOST_NETWORK, script)
-        failed = await strictly(tmp_path, folder)
+        failed = await strictly(tmp_path, folder, kubeconfig)
         assert not failed.passed and why in failed.details["reason"], failed.details
 
 
+@pytest.mark.k8s
 @pytest.mark.anyio
-async def test_a_fixed_target_is_scored_with_the_same_collector(tmp_path: Path) -> None:
+async def test_a_fixed_target_is_scored_with_the_same_collector(
+    tmp_path: Path, kubeconfig: str
+) -> None:
     """With a fixed kubeconfig the collector runs again against it: a script that reads its
-    target (here the kubeconfig itself, as no cluster can run here) passes when the two
-    differ and fails when they do not; a fixed target's kind is checked first."""
+    target (here the kubeconfig itself: both name one cluster) passes when the two differ
+    and fails when they do not; a fixed target's kind is checked first."""
     script = (
         'if grep -q fixed "$KUBECONFIG"; then v=false; else v=true; fi\n'
         'printf \'{"items": [{"spec": {"hostNetwork": %s}}]}\' $v > collected_data.json\n'
     )
     folder = pods_workdir(tmp_path, HOST_NETWORK, script)
     fixed = tmp_path / "fixed.yaml"
-    fixed.write_text(KUBECONFIG + "# fixed\n")
-    passed = await strictly(tmp_path, folder, fixed_kubeconfig=str(fixed))
+    fixed.write_text(kubeconfig + "# fixed\n")
+    passed = await strictly(tmp_path, folder, kubeconfig, fixed_kubeconfig=str(fixed))
     assert passed.passed and passed.details["verdicts"] == {"target": "false", "opposite": "true"}
-    fixed.write_text(KUBECONFIG)  # the same state: no opposite verdict
-    failed = await strictly(tmp_path, folder, fixed_kubeconfig=str(fixed))
+    fixed.write_text(kubeconfig)  # the same state: no opposite verdict
+    failed = await strictly(tmp_path, folder, kubeconfig, fixed_kubeconfig=str(fixed))
     assert not failed.passed
     assert failed.details["verdicts"] == {"target": "false", "opposite": "false"}
     with pytest.raises(ItbenchError, match="--fixed-kubeconfig"):
-        await strictly(tmp_path, folder, fixed_inventory=str(fixed))
+        await strictly(tmp_path, folder, kubeconfig, fixed_inventory=str(fixed))

@@ -5,6 +5,7 @@ from .base import Agent, AgentMessage
 from .callable import CallableAgent
 from .openai import ModelEndpointError, OpenAIAgent
 from .scripted import ScriptedAgent
+from .specs import SpecError
 from .stdio import AgentProcessError, AgentSandbox, StdioAgent
 
 __all__ = [
@@ -16,5 +17,6 @@ __all__ = [
     "ModelEndpointError",
     "OpenAIAgent",
     "ScriptedAgent",
+    "SpecError",
     "StdioAgent",
 ]

@@ -5,6 +5,7 @@ Storage only: it knows records, not the gate or the review layer that fill them
 """
 
 from .log import CheckpointError
+from .memory import MemoryAuditStore
 from .signing import SigningKeyError, default_data_dir, load_or_create_key, public_key_text
 from .sqlite import SQLiteAuditStore, VerifyReport
 from .store import AuditError, AuditRecord, AuditStore, Entry, RecordKind, StepHistory
@@ -17,6 +18,7 @@ __all__ = [
     "AuditWriter",
     "CheckpointError",
     "Entry",
+    "MemoryAuditStore",
     "RecordKind",
     "SQLiteAuditStore",
     "SigningKeyError",

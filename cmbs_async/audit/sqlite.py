@@ -165,16 +165,18 @@ class SQLiteAuditStore:
     # -- writing ------------------------------------------------------------------
     def open_session(self, session_id: str, data: dict[str, Any]) -> None:
         """Start a session; its first record holds ``data`` and the public key."""
-        if self._key is None or self._public is None:
-            raise AuditError("this audit store was opened without a signing key")
         with self._lock, self._transaction():
-            self._db.execute(
-                "INSERT INTO sessions VALUES (?, ?, -1, ?, '')",
-                (session_id, self._public, GENESIS),
-            )
-            self._heads[session_id] = (-1, GENESIS)
-            first = {**data, "public_key": self._public, "log": True}  # signed: "I am logged"
-            self._append_locked(session_id, [Entry(RecordKind.SESSION, None, first)])
+            self._open_locked(session_id, data)
+
+    def add_session(self, session_id: str, entries: Sequence[Entry]) -> None:
+        """Open ``session_id`` with ``entries`` (the first its session record's data, as
+        :meth:`open_session` takes it) and append the rest, all in one durable transaction:
+        a whole run recorded elsewhere lands whole or not at all."""
+        if not entries or entries[0].kind != RecordKind.SESSION:
+            raise AuditError(f"session {session_id}: its first record is not a session record")
+        with self._lock, self._transaction():
+            self._open_locked(session_id, entries[0].data)
+            self._append_locked(session_id, entries[1:])
 
     def append(self, session_id: str, entries: Sequence[Entry]) -> None:
         """Append records in one durable transaction."""
@@ -215,6 +217,20 @@ class SQLiteAuditStore:
 
     def save_supervision(self, session_id: str, step: int, record: dict[str, Any]) -> None:
         self.append(session_id, [Entry(RecordKind.SUPERVISION, step, record)])
+
+    def _open_locked(self, session_id: str, data: dict[str, Any]) -> None:
+        if self._key is None or self._public is None:
+            raise AuditError("this audit store was opened without a signing key")
+        self._db.execute(
+            "INSERT INTO sessions VALUES (?, ?, -1, ?, '')", (session_id, self._public, GENESIS)
+        )
+        self._heads[session_id] = (-1, GENESIS)
+        self._append_locked(session_id, [Entry(RecordKind.SESSION, None, self.first(data))])
+
+    def first(self, data: dict[str, Any]) -> dict[str, Any]:
+        """A session's first record as this store writes it: ``data``, this store's public
+        key, and that the record is in the log (signed with it: "I am logged")."""
+        return {**data, "public_key": self._public, "log": True}
 
     def _append_locked(self, session_id: str, entries: Sequence[Entry]) -> None:
         if self._key is None:

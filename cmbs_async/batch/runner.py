@@ -20,7 +20,7 @@ from .jobs import Job
 from .progress import Progress
 from .results import ResultLog, error_record, is_error, result_record
 
-__all__ = ["BatchReport", "run_batch", "tune_gc_for_batches"]
+__all__ = ["BatchReport", "run_batch", "run_job", "tune_gc_for_batches"]
 
 
 def tune_gc_for_batches() -> None:
@@ -37,13 +37,16 @@ def tune_gc_for_batches() -> None:
 class BatchReport:
     """What a batch did: ``records`` of the runs it ran, ``skipped`` the jobs with a result
     from before, ``not_started`` the jobs left when ``--maxfail`` stopped it
-    (``stopped_early``)."""
+    (``stopped_early``); on Ray, ``lost_workers`` the workers lost on the way and
+    ``rerun`` the runs they had in flight, run again."""
 
     records: list[dict[str, Any]] = field(default_factory=list)
     skipped: int = 0
     interrupted: bool = False
     stopped_early: bool = False
     not_started: int = 0
+    lost_workers: int = 0
+    rerun: int = 0
 
 
 async def run_batch(
@@ -89,20 +92,10 @@ async def run_batch(
                 return
             if progress:
                 progress.start()
-            started = time.time()
-            try:
-                where = executor if executors is None else executors(job)
-                result = await run_scenario(
-                    job.spec,
-                    agent=factories[job.agent](),
-                    executor=where,
-                    config=config,
-                )
-                record = result_record(job, result, started, time.time())
-                if score is not None and result.workdir is not None:
-                    record["itbench_pass"] = await _scored(score, where, job, result.workdir)
-            except Exception as exc:  # a bug or a broken job: record it, go on
-                record = error_record(job, f"{type(exc).__name__}: {exc}", started, time.time())
+            where = executor if executors is None else executors(job)
+            record = await run_job(
+                job, agent=factories[job.agent](), executor=where, config=config, score=score
+            )
             if log is not None:  # never raises: a result not written as it is is said
                 record = log.keep(record) or record
             report.records.append(record)
@@ -116,6 +109,30 @@ async def run_batch(
         for job in todo:
             tg.start_soon(one, job)
     return report
+
+
+async def run_job(
+    job: Job,
+    *,
+    agent: Agent,
+    executor: Executor,
+    config: RunConfig,
+    score: Callable[[str], Awaitable[bool]] | None = None,
+    session_id: str | None = None,
+) -> dict[str, Any]:
+    """Run ``job`` and give its result line (an ``error_record`` if the runner itself
+    failed); with ``score``, ``config`` must keep the workdir (see :func:`run_batch`)."""
+    started = time.time()
+    try:
+        result = await run_scenario(
+            job.spec, agent=agent, executor=executor, config=config, session_id=session_id
+        )
+        record = result_record(job, result, started, time.time())
+        if score is not None and result.workdir is not None:
+            record["itbench_pass"] = await _scored(score, executor, job, result.workdir)
+    except Exception as exc:  # a bug or a broken job: record it, go on
+        record = error_record(job, f"{type(exc).__name__}: {exc}", started, time.time())
+    return record
 
 
 async def _scored(

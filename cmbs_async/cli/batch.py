@@ -14,7 +14,8 @@ import anyio
 from executors import Executor, ExecutorError, LocalExecutor
 
 from .._text import escape_controls
-from ..agents import Agent, ScriptedAgent
+from ..agents import Agent
+from ..agents.specs import AgentOptions
 from ..audit import default_data_dir, load_or_create_key
 from ..batch import (
     BatchError,
@@ -40,9 +41,9 @@ from ..profile import Profile, load_profile
 from ..result import Outcome
 from .audit import write_checkpoint
 from .itbench import add_expect_option
-from .signals import Interrupted, cancel_on_signals
+from .ray_plan import worker_plan
+from .signals import Interrupted, cancel_on_signals, interrupting
 from .specs import (
-    SpecError,
     add_agent_options,
     add_sandbox_option,
     agent_factory,
@@ -85,7 +86,9 @@ def add_batch_command(sub: Any, common: argparse.ArgumentParser) -> None:
         help="repeatable: script:F | stdio:CMD | openai:M@URL",
     )
     batch.add_argument("--repeat", type=int, default=1, help="runs per scenario and agent")
-    batch.add_argument("--concurrency", type=int, default=8, help="scenarios in flight")
+    batch.add_argument(
+        "--concurrency", type=int, default=8, help="scenarios in flight (on Ray: per worker)"
+    )
     batch.add_argument("--out", default="cmbs-batch.jsonl", help="results, one JSON line a run")
     batch.add_argument("--resume", action="store_true", help="run only what has no result yet")
     batch.add_argument(
@@ -113,7 +116,7 @@ def add_batch_command(sub: Any, common: argparse.ArgumentParser) -> None:
     batch.add_argument(
         "--executor",
         help="local or ssh://USER@HOST[:PORT] for every scenario (default: each scenario's "
-        "host, else local; on Ray: local only)",
+        "host, else local)",
     )
     add_ssh_options(batch)
     add_record_options(batch)
@@ -129,7 +132,12 @@ def add_batch_command(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     add_expect_option(batch, "--itbench-expect")
     batch.add_argument("--address", help="Ray cluster address (default: start a local one)")
-    batch.add_argument("--shards", type=int, help="Ray shards (default: 2 per cluster CPU)")
+    batch.add_argument(
+        "--workers",
+        type=int,
+        help="Ray workers, each running up to --concurrency scenarios (default: one per "
+        "cluster CPU)",
+    )
 
 
 def run_batch_command(args: argparse.Namespace) -> int:
@@ -141,18 +149,24 @@ def run_batch_command(args: argparse.Namespace) -> int:
         raise BatchError("--maxfail must be at least 1")
     if args.backend == "ray":
         for given, option in (
-            (args.audit_db, "--audit-db"),
-            (args.head_out, "--head-out"),
-            (args.maxfail, "--maxfail"),
             (args.otel_endpoint or (True if args.otel else None), "--otel"),
+            (args.workdir_root, "--workdir-root (each Ray worker makes its own)"),
         ):
             if given is not None:
                 raise BatchError(f"{option} is not available with --backend ray")
+        if args.address is not None and os.environ.get("RAY_AUTH_MODE") != "token":
+            raise BatchError(
+                "--address needs RAY_AUTH_MODE=token (and the cluster's token): a Ray cluster "
+                "that takes calls without one runs any code a scenario's command sends it, "
+                "outside every sandbox"
+            )
+    elif args.workers is not None:
+        raise BatchError("--workers is for --backend ray")
+    if args.workers is not None and args.workers < 1:
+        raise BatchError("--workers must be at least 1")
     if args.itbench_inventory and args.itbench_kubeconfig:
         raise BatchError("score with --itbench-inventory or --itbench-kubeconfig, not both")
     scoring = args.itbench_inventory or args.itbench_kubeconfig
-    if scoring and args.backend == "ray":
-        raise BatchError("IT-Bench scoring reads each run's workdir: the local executor only")
     if scoring and not os.path.isfile(scoring):
         raise BatchError(f"no such file: {shown(scoring)}")
     _out_of_its_own(args)
@@ -162,17 +176,11 @@ def run_batch_command(args: argparse.Namespace) -> int:
     if args.keyword is not None:
         jobs = select(jobs, args.keyword)
     remote = next((job for job in jobs if job.where != "local"), None)
-    if remote is not None and (args.backend == "ray" or scoring):
-        why = (
-            "--backend ray runs the local executor on its workers"
-            if args.backend == "ray"
-            else "IT-Bench scoring reads each run's workdir: the local executor only"
-        )
+    if remote is not None and scoring:
+        why = "IT-Bench scoring reads each run's workdir: the local executor only"
         raise BatchError(escape_controls(f"{remote.scenario_file} runs on {remote.where}: {why}"))
     for note in skipped:
         print(f"cmbs batch: note: {escape_controls(note)}", file=sys.stderr)
-    if args.backend == "ray" and not args.no_audit:
-        print("cmbs batch: note: --backend ray records no audit trail", file=sys.stderr)
     tune_gc_for_batches()
     executors: dict[Target, Executor] = {}
     try:
@@ -246,7 +254,7 @@ def _run_batch(
         resume=args.resume,
         retry_errors=args.retry_errors,
         key=key,
-        audit_db=audit_path(args) if args.backend != "ray" else None,
+        audit_db=audit_path(args),
     )  # the file locked from now on: a second batch on it is refused
     stopped: Interrupted | None = None
     try:
@@ -265,24 +273,12 @@ def _run_batch(
             retried={r["key"] for r in retrying},
         )
         if args.backend == "ray":
-            lines = {}
-            for spec, make in factories.items():
-                agent = make(profiles[jobs[0].spec.profile])  # a script ignores its profile
-                if not isinstance(agent, ScriptedAgent):
-                    raise SpecError(f"--agent {spec}: only script: agents run on Ray")
-                lines[spec] = [str(message) for message in agent.messages]
-            report = run_batch_ray(
-                jobs,
-                agent_lines=lines,
-                concurrency=args.concurrency,
-                address=args.address,
-                shards=args.shards,
-                sandbox=args.sandbox,
-                hidden=hidden,
-                user=args.sandbox_user,
-                log=log,
-                progress=progress,
-            )
+            caught: list[int] = []
+            with interrupting(caught):
+                report = _on_ray(
+                    args, executors, jobs, factories, options, profiles, hidden, log, progress
+                )
+            stopped = Interrupted(caught[0]) if caught else None
         else:
             try:
                 report = anyio.run(
@@ -321,6 +317,13 @@ def _run_batch(
             f"stopped early: {errors} run{'s' if errors != 1 else ''} ended in an error "
             f"outcome (--maxfail {args.maxfail}); {report.not_started} not started: run the "
             "same command with --resume to finish"
+        )
+    if report.lost_workers:
+        print(
+            f"{report.lost_workers} Ray worker{'s were' if report.lost_workers != 1 else ' was'} "
+            f"lost: the {report.rerun} run{'s' if report.rerun != 1 else ''} in flight there "
+            "ran again",
+            file=sys.stderr,
         )
     if report.interrupted:
         print("interrupted: run the same command with --resume to finish", file=sys.stderr)
@@ -397,6 +400,49 @@ async def _local(
             store.close()
         for executor in executors.values():  # in this event loop: an SSH link's own
             await executor.aclose()
+
+
+def _on_ray(
+    args: argparse.Namespace,
+    executors: dict[Target, Executor],
+    jobs: list[Job],
+    factories: dict[str, Callable[[Profile], Agent]],
+    options: AgentOptions,
+    profiles: dict[str, Profile],
+    hidden: tuple[str, ...],
+    log: ResultLog,
+    progress: Progress,
+) -> BatchReport:
+    """The batch on Ray: its runs recorded into this machine's audit database, by this
+    process alone (see :mod:`cmbs_async.batch.ray_backend`)."""
+    store = audit_store(args)
+    try:
+        plan = worker_plan(
+            args,
+            executors=executors,
+            factories=factories,
+            options=options,
+            profiles=profiles,
+            hidden=hidden,
+            audit=store is not None,
+        )
+        report = run_batch_ray(
+            jobs,
+            plan=plan,
+            concurrency=args.concurrency,
+            address=args.address,
+            workers=args.workers,
+            log=log,
+            progress=progress,
+            store=store,
+            maxfail=args.maxfail,
+        )
+        if store is not None and args.head_out:
+            write_checkpoint(store, args.head_out)
+        return report
+    finally:
+        if store is not None:
+            store.close()
 
 
 def _unwritten(log: ResultLog) -> list[str]:

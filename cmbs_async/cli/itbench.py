@@ -8,7 +8,8 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,14 @@ from ..agents import Agent
 from ..itbench import (
     DEADLINE_S,
     CannotScore,
+    Evaluation,
     Flip,
     ItbenchError,
     Kind,
     ScenarioData,
     agent_file,
     check_strict,
+    cluster_problem,
     collected_kind,
     command_search,
     evaluate,
@@ -35,11 +38,13 @@ from ..itbench import (
     load_scenario_data,
     missing_program,
     prepare_workdir,
+    program_hint,
     replace_file,
     targets,
     workdir_goal,
     write_tar,
 )
+from ..kyverno import REPORT_WAIT_S, evaluate_kyverno
 from ..profile import Profile, load_profile
 from ..result import ScenarioResult
 from ..scenario import ScenarioSpec
@@ -59,6 +64,7 @@ EXIT_FAILED = 1
 EXIT_CANNOT_SCORE = 2
 
 _KINDS = [kind.value for kind in Kind]
+_KYVERNO = (Kind.KYVERNO_GENERATE, Kind.KYVERNO_UPDATE)
 
 
 def add_itbench_command(
@@ -99,7 +105,9 @@ def add_itbench_command(
     )
     score.add_argument("workdir", help="the agent's directory (or what agent_data.tar holds)")
     score.add_argument("--inventory", help="the evaluator's Ansible inventory (rhel9-ansible-opa)")
-    score.add_argument("--kubeconfig", help="the evaluator's kubeconfig (kubectl-opa)")
+    score.add_argument(
+        "--kubeconfig", help="the evaluator's kubeconfig (kubectl-opa, the Kyverno kinds)"
+    )
     score.add_argument(
         "--kind", choices=_KINDS, help="the scenario kind (default: from DIR's scenario data)"
     )
@@ -130,6 +138,30 @@ def add_itbench_command(
         help="--strict without a fixed target: the checked setting of the collected input "
         "(a JSON Pointer, * for every member) and its opposite value (JSON, else text); "
         "repeatable (default: each setting with a known opposite, yes/no, true/false, ...)",
+    )
+    kyverno = score.add_argument_group(
+        "the Kyverno kinds",
+        "scored from the Kyverno policy reports of the --kubeconfig cluster, as it is "
+        "(IT-Bench's way: the agent deployed its policies there)",
+    )
+    kyverno.add_argument(
+        "--apply-policies",
+        action="store_true",
+        help="beyond IT-Bench: apply DIR's Kyverno policies to the cluster first (and put "
+        "the cluster back afterwards)",
+    )
+    kyverno.add_argument(
+        "--existing-policies",
+        metavar="FILE",
+        help="kyverno-update: the policies before the agent (IT-Bench's "
+        "manifests/existing-policy.yaml); needed without --apply-policies",
+    )
+    kyverno.add_argument(
+        "--report-wait",
+        type=seconds,
+        default=REPORT_WAIT_S,
+        metavar="SECONDS",
+        help="how long to wait for Kyverno to report (default: %(default)g)",
     )
     add_sandbox_option(score)
 
@@ -178,15 +210,21 @@ def prepare_itbench_run(
         search = command_search(executor)  # what the agent's commands will need to find
         missing = None if search is None else missing_program(kind, search)
         if missing is not None:
+            hint = program_hint(missing, search or "")
             raise ItbenchError(
                 f"{missing} not found on the PATH commands run with: a {kind.value} "
-                "scenario runs it (install it, or put it on PATH)"
+                f"scenario runs it{hint or ' (install it, or put it on PATH)'}"
             )
         if isinstance(executor, LocalExecutor):  # a DIR the sandbox refuses: before it is made
             try:
                 executor.check_workdir(os.path.abspath(args.workdir))
             except ExecutorError as exc:
                 raise ItbenchError(f"--workdir {args.workdir}: {exc}") from None
+        if "kubeconfig" in kind.needs:  # a cluster that cannot serve it: before DIR is made
+            ask = partial(cluster_problem, executor, kind, data.vars["kubeconfig"])
+            problem = anyio.run(ask, backend=args.backend)
+            if problem is not None:
+                raise ItbenchError(f"the cluster of vars.kubeconfig {problem}")
         agent = make_agent(executor, load_profile("ciso"))
         user = executor.user if isinstance(executor, LocalExecutor) else None
         owner = (user.uid, user.gid) if user is not None else None
@@ -222,6 +260,14 @@ def run_evaluate(args: argparse.Namespace, make_executor: Callable[[], Executor]
     if not workdir.is_dir():
         raise ItbenchError(f"{workdir} is not a directory")
     kind = Kind(args.kind) if args.kind else _kind_of(workdir)
+    if kind in _KYVERNO:
+        return _run_evaluate_kyverno(args, workdir, kind, make_executor)
+    for option, given in (
+        ("--apply-policies", args.apply_policies),
+        ("--existing-policies", args.existing_policies),
+    ):
+        if given:
+            raise ItbenchError(f"{option} is for the Kyverno kinds, not {kind.value}")
     opposite: dict[str, Any] = {  # --strict's options, checked before anything is made
         "strict": args.strict,
         "fixed_inventory": args.fixed_inventory,
@@ -231,7 +277,7 @@ def run_evaluate(args: argparse.Namespace, make_executor: Callable[[], Executor]
     check_strict(kind, **opposite)
     executor = make_executor()
 
-    async def score() -> Any:
+    async def score() -> Evaluation:
         async with executor:
             return await evaluate(
                 workdir,
@@ -244,6 +290,65 @@ def run_evaluate(args: argparse.Namespace, make_executor: Callable[[], Executor]
                 **opposite,
             )
 
+    return _scored(args, workdir, score)
+
+
+def _run_evaluate_kyverno(
+    args: argparse.Namespace, workdir: Path, kind: Kind, make_executor: Callable[[], Executor]
+) -> int:
+    """``evaluate`` of a Kyverno kind: the cluster of ``--kubeconfig`` as the agent left it
+    (IT-Bench's way), or with DIR's policies applied (``--apply-policies``)."""
+    # options of the OPA kinds, refused in one line before anything is made
+    refused = [
+        option
+        for option, given in (
+            ("--fixed-inventory", args.fixed_inventory),
+            ("--fixed-kubeconfig", args.fixed_kubeconfig),
+            ("--flip", args.flip),
+            ("--opa", args.opa),
+            ("--expect true", args.expect != "false"),
+            ("--inventory", args.inventory),
+        )
+        if given
+    ]
+    if refused:
+        raise ItbenchError(
+            f"{refused[0]} is not for a {kind.value} workdir: it is scored from Kyverno's "
+            "policy reports (--strict adds a compliant twin of the fault)"
+        )
+    if args.kubeconfig is None:
+        raise ItbenchError(f"evaluating {kind.value} needs the evaluator's --kubeconfig FILE")
+    if args.existing_policies is not None and kind is not Kind.KYVERNO_UPDATE:
+        raise ItbenchError(f"--existing-policies is for kyverno-update, not {kind.value}")
+    if kind is Kind.KYVERNO_UPDATE and not args.apply_policies and not args.existing_policies:
+        raise ItbenchError(
+            "scoring a kyverno-update cluster as the agent left it needs the policies "
+            "before the agent: give --existing-policies FILE (IT-Bench's "
+            "manifests/existing-policy.yaml), or --apply-policies"
+        )
+    executor = make_executor()
+
+    async def score() -> Evaluation:
+        async with executor:
+            return await evaluate_kyverno(
+                workdir,
+                executor=executor,
+                kind=kind,
+                kubeconfig=args.kubeconfig,
+                strict=args.strict,
+                apply=args.apply_policies,
+                existing=args.existing_policies,
+                wait_s=args.report_wait,
+            )
+
+    return _scored(args, workdir, score)
+
+
+def _scored(
+    args: argparse.Namespace, workdir: Path, score: Callable[[], Awaitable[Evaluation]]
+) -> int:
+    """``score`` run (a signal stops it), its verdict written as ``evaluation.json`` and
+    printed: exit 0 passed, 1 failed, 2 no verdict (nothing written)."""
     try:
         evaluation = anyio.run(cancel_on_signals, score, backend=args.backend)
     except CannotScore as exc:  # a missing tool is no verdict on the agent: nothing written

@@ -5,13 +5,14 @@ and the command then exits with 128 + the signal's number (130, 143, 129)."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
 
-__all__ = ["Interrupted", "cancel_on_signals"]
+__all__ = ["Interrupted", "cancel_on_signals", "interrupting"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -61,3 +62,23 @@ async def _watch(
             if not caught:
                 caught.append(signum)
                 scope.cancel()
+
+
+@contextmanager
+def interrupting(caught: list[int]) -> Iterator[None]:
+    """For work that is no event loop of ours (a Ray batch's driver): the first of
+    :data:`SIGNALS` raises :class:`KeyboardInterrupt` in it, as Ctrl-C does, its number
+    appended to ``caught``; later ones are ignored while it winds down. The usual
+    handlers are back once the block ends."""
+
+    def stop(signum: int, frame: object) -> None:
+        if not caught:
+            caught.append(signum)
+            raise KeyboardInterrupt
+
+    before = {signum: signal.signal(signum, stop) for signum in SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)

@@ -6,9 +6,7 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Sequence
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -24,9 +22,9 @@ from executors.sandbox import (
 )
 from executors.ssh import SANDBOXES, SSHExecutor, SSHTarget, read_identity
 
-from .._errors import CmbsError, validation_reason
-from .._reading import ReadError
-from ..agents import Agent, OpenAIAgent, ScriptedAgent, StdioAgent
+from .._errors import validation_reason
+from ..agents import Agent
+from ..agents.specs import AgentOptions, SpecError, agent_factory, canonical_agents
 from ..agents.stdio import AgentSandbox
 from ..profile import Profile
 
@@ -42,59 +40,6 @@ __all__ = [
     "canonical_agents",
     "executor_from_spec",
 ]
-
-
-class SpecError(CmbsError, ValueError):
-    """A spec the command line cannot use; the message is one line for the user."""
-
-
-def canonical_agents(specs: Sequence[str]) -> list[str]:
-    """The ``--agent`` specs with a script's path resolved, each once: the same agent spelt
-    two ways (``script:s.jsonl``, ``script:./s.jsonl``) is one agent, and one job key."""
-    canonical = []
-    for spec in specs:
-        kind, sep, rest = spec.partition(":")
-        canonical.append(f"script:{Path(rest).resolve()}" if kind == "script" and rest else spec)
-    return list(dict.fromkeys(canonical))
-
-
-@dataclass(frozen=True)
-class AgentOptions:
-    """How a ``stdio:`` agent program is run: its sandbox and the operator's variables it
-    is given."""
-
-    sandbox: AgentSandbox = field(default_factory=AgentSandbox)
-    pass_env: tuple[str, ...] = ()
-
-
-def agent_factory(spec: str, options: AgentOptions | None = None) -> Callable[[Profile], Agent]:
-    """A maker of fresh agents for ``spec``, given the scenario's profile; the spec's files
-    are read once, now.
-
-    ``script:STEPS.jsonl``: a scripted agent replaying that file; ``stdio:COMMAND``: a
-    program speaking JSON lines, run as ``options`` say; ``openai:MODEL@BASE_URL``: a
-    language model (its key from ``CMBS_AGENT_API_KEY``) prompted with the profile's
-    actions and constrained by its schema.
-    """
-    options = options or AgentOptions()
-    kind, sep, rest = spec.partition(":")
-    if kind == "script" and sep and rest:
-        try:
-            lines = ScriptedAgent.from_jsonl(rest).messages
-        except ReadError as exc:  # "FILE: cannot read: ...", "FILE: larger than 64 MiB ..."
-            raise SpecError(f"--agent {spec}: {exc}") from None
-        return lambda profile: ScriptedAgent(lines, label=spec)
-    if kind == "stdio" and sep and rest:
-        return lambda profile: StdioAgent(rest, sandbox=options.sandbox, pass_env=options.pass_env)
-    if kind == "openai" and sep and rest:
-        try:
-            OpenAIAgent.from_spec(rest)
-        except ValueError as exc:
-            raise SpecError(f"--agent {exc}") from exc
-        return lambda profile: OpenAIAgent.from_spec(rest, profile=profile)
-    raise SpecError(
-        f"--agent {spec!r}: expected script:STEPS.jsonl, stdio:COMMAND or openai:MODEL@BASE_URL"
-    )
 
 
 def agent_from_spec(spec: str, *, profile: Profile, options: AgentOptions | None = None) -> Agent:

@@ -153,7 +153,7 @@ def build_executor(
     containment = containment_options(args, recorded=recorded) | changes
     if not where.startswith("ssh://"):
         return executor_from_spec(where, **containment)
-    if getattr(args, "backend", "asyncio") != "asyncio":
+    if getattr(args, "backend", "asyncio") == "trio":  # Ray's workers run asyncio
         raise SpecError("the SSH executor needs --backend asyncio (asyncssh does not run on trio)")
     return executor_from_spec(
         where,
