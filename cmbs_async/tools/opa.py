@@ -19,9 +19,10 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +95,27 @@ def _first(output: object) -> Any:
     text = str(output)
     if text.strip() == "undefined":
         return _UNDEFINED
-    expressions = json.loads(text).get("expressions", [])
+    try:
+        expressions = json.loads(text).get("expressions", [])
+    except ValueError:  # regopy's `<error>`: an evaluation error (conflicting values, say)
+        said = text.strip()[:200]
+        raise RegoFailure(f"rego error: the query could not be evaluated ({said})") from None
     return expressions[0] if expressions else _UNDEFINED
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """File descriptor 1 silenced: regopy prints a parse error's diagnostics there, below
+    Python (the same reason comes back as its exception, which is what is said)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as sink:
+            os.dup2(sink.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,17 +147,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             _refuse_v0(modules)
         _refuse_misjudged(modules)
         documents = [p for p in paths if p.suffix != ".rego"]
-        input_ = json.loads(Path(args.input).read_text("utf-8")) if args.input else None
-        value = evaluate(args.query, modules=modules, data=documents, input_=input_)
+        try:
+            input_ = json.loads(Path(args.input).read_text("utf-8")) if args.input else None
+        except ValueError as exc:
+            raise RegoFailure(f"input is not JSON: {exc}") from None
+        with _quiet_stdout():
+            value = evaluate(args.query, modules=modules, data=documents, input_=input_)
     except RegoFailure as exc:
         print(f"cmbs-opa: {exc}", file=sys.stderr)
         return 1
-    except ValueError as exc:
-        print(f"cmbs-opa: input is not JSON: {exc}", file=sys.stderr)
-        return 1
-    if args.format == "raw":
+    if args.format == "raw":  # as opa prints it: a string bare, anything else compact JSON
         if value is not _UNDEFINED:
-            print(value if isinstance(value, str) else json.dumps(value))
+            compact = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+            print(value if isinstance(value, str) else compact)
         return 0
     result = (
         [] if value is _UNDEFINED else [{"expressions": [{"value": value, "text": args.query}]}]
