@@ -56,7 +56,8 @@ class WorkerPlan:
     SSH targets with their keys carried in memory (:meth:`SSHTarget.carried`) and their
     containments; ``env``: the operator's variables the agents are given (a model key);
     ``files``: the files the batch names, by path, with the SHA-256 the driver read, which
-    each worker must find the same; ``programs``: the agent programs to find on ``PATH``;
+    each worker must find the same; ``programs``: the agent programs to find (a name on
+    ``PATH``, or a path: an interpreter may differ from node to node, its script not);
     ``endpoints``: the model URLs each worker must reach; ``version``: the driver's
     cmbs-async, which each worker must have.
     """
@@ -108,7 +109,9 @@ def _problems(plan: WorkerPlan) -> list[str]:
             problems.append(f"{path} is missing")
         elif found != digest:
             problems.append(f"{path} differs from the driver's")
-    problems += [f"no program {p} on PATH" for p in plan.programs if shutil.which(p) is None]
+    for program in plan.programs:
+        if shutil.which(program) is None:
+            problems.append(f"no program {program}" + ("" if "/" in program else " on PATH"))
     for url in plan.endpoints:
         problems += _unreachable(url)
     if plan.cwd is not None and not os.path.isdir(plan.cwd):

@@ -59,11 +59,12 @@ def worker_plan(
             agents[spec] = list(agent.messages)
             continue
         agents[spec] = None
-        if kind == "stdio":
-            files += named_files(rest, cwd)
-            words = shlex.split(rest)
-            if words and "/" not in words[0]:
-                programs.append(words[0])
+        if kind == "stdio":  # its program found there (an interpreter may differ by node),
+            words = shlex.split(rest)  # the files it is given the same there
+            if words:
+                program = words[0]
+                programs.append(os.path.join(cwd, program) if "/" in program else program)
+                files += named_files(shlex.join(words[1:]), cwd)
         elif kind == "openai":
             endpoints.append(rest.rpartition("@")[2].rstrip("/") + "/models")
     files += [os.path.abspath(p) for p in args.agent_readable if os.path.isfile(p)]
