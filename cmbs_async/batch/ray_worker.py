@@ -52,7 +52,7 @@ class WorkerPlan:
 
     ``agents``: each agent spec, with a script's lines read on the driver (``None`` for
     ``stdio:`` and ``openai:``, made on the worker from ``options``); ``profiles`` by name;
-    ``containment``: the local executor's sandbox, hidden paths and user; ``targets``: the
+    ``sandbox``, ``hidden`` and ``user``: the local executor's containment; ``targets``: the
     SSH targets with their keys carried in memory (:meth:`SSHTarget.carried`) and their
     containments; ``env``: the operator's variables the agents are given (a model key);
     ``files``: the files the batch names, by path, with the SHA-256 the driver read, which
@@ -89,7 +89,7 @@ def file_digest(path: str) -> str | None:
 
 
 def named_files(command: str, cwd: str) -> list[str]:
-    """The files a ``stdio:`` command names (its program, its script), as absolute paths."""
+    """The files a ``stdio:`` command's words name (a script, its data), as absolute paths."""
     try:
         words = shlex.split(command)
     except ValueError:

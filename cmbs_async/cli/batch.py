@@ -35,6 +35,7 @@ from ..batch import (
 )
 from ..batch.jobs import shown
 from ..batch.ray_backend import run_batch_ray
+from ..batch.ray_worker import Target
 from ..batch.results import stale_note
 from ..itbench import Kind, evaluate
 from ..profile import Profile, load_profile
@@ -66,9 +67,6 @@ __all__ = ["add_batch_command", "run_batch_command"]
 EXIT_ALL_EARNED = 0
 EXIT_NOT_ALL_EARNED = 3
 EXIT_INTERRUPTED = 130
-
-#: Where a group of jobs runs: ``local``, or an ``ssh://`` target and its pinned host key.
-Target = tuple[str, str | None]
 
 
 def add_batch_command(sub: Any, common: argparse.ArgumentParser) -> None:
