@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import sys
 from collections.abc import Iterator
@@ -19,6 +20,12 @@ DATA = Path(__file__).parent / "data"
 _BIN = str(Path(sys.executable).parent)
 if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = os.pathsep.join([_BIN, os.environ.get("PATH", os.defpath)])
+
+# One Ray token for the session, set before anything imports Ray (which reads its mode and
+# token once): every cluster a test starts, here or in a child process (cmbs batch's own
+# throwaway one too), takes calls with this token alone, and no sandbox sees it.
+os.environ["RAY_AUTH_MODE"] = "token"
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 
 
 @pytest.fixture(params=["asyncio", "trio"])

@@ -299,10 +299,8 @@ def test_a_worker_without_bubblewrap_runs_nothing_bare(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
-    """One node, two CPUs, token authentication on (the token in this process's
-    environment, as test_ray_cluster.py's), for the hostile workers' batches."""
-    os.environ["RAY_AUTH_MODE"] = "token"
-    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    """One node, two CPUs, token authentication on (the session's token, set by
+    conftest.py), for the faulty workers' batches."""
     from ray.cluster_utils import Cluster
 
     made = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -43,12 +42,10 @@ for line in open(sys.argv[1]):
 
 class TwoNodes:
     """A head node and a worker node, two CPUs each, with Ray's token authentication on
-    (a token of its own, in this process's environment: every batch of the test, a child
-    process, inherits it; no sandboxed command sees it)."""
+    (the session's token, set by conftest.py: every batch of the test, a child process,
+    inherits it; no sandboxed command sees it)."""
 
     def __init__(self) -> None:
-        os.environ["RAY_AUTH_MODE"] = "token"  # read once, as Ray is imported
-        os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
         from ray.cluster_utils import Cluster
 
         self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
