@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import CMBS, EVALUATE, evaluated_files, step
+from .helpers import CMBS, SOLVE, evaluated_files, step
 
 pytestmark = [
     pytest.mark.ray,
@@ -29,21 +29,7 @@ def test_a_small_batch_on_ray_matches_the_local_backend(tmp_path: Path) -> None:
         spec = {"id": f"ray-{i}", "goal": "g", "deadline_s": 30, "files": evaluated_files()}
         (folder / f"s{i}.yaml").write_text(json.dumps(spec))
     good = tmp_path / "good.jsonl"
-    good.write_text(
-        "\n".join(
-            [
-                step("check_status", {"command": EVALUATE}),
-                step(
-                    "declare_posture",
-                    {"posture": "non_compliant"},
-                    posture="non_compliant",
-                    evidence="successful",
-                ),
-                step("terminate", posture="non_compliant", evidence="successful"),
-            ]
-        )
-        + "\n"
-    )
+    good.write_text("\n".join(SOLVE) + "\n")
     liar = tmp_path / "liar.jsonl"
     liar.write_text(step("declare_posture", {"posture": "compliant"}, posture="compliant") + "\n")
     results = {}
