@@ -1,6 +1,7 @@
-"""Shared pieces of the ``k8s`` tests: IT-Bench's fault Deployment, the host-network
-Kyverno policy, and the helpers that drive ``cmbs itbench run``/``evaluate`` and read a
-run's evidence, with the real programs on a given ``PATH``."""
+"""Shared pieces of the ``k8s`` tests: IT-Bench's faults, the host-network Kyverno policy,
+the update kind's policies before and after an honest edit, and the helpers that drive
+``cmbs itbench run``/``evaluate`` and read a run's evidence, with the real programs on a
+given ``PATH``."""
 
 from __future__ import annotations
 
@@ -60,6 +61,92 @@ spec:
         pattern:
           spec:
             =(hostNetwork): "false"
+"""
+
+#: The update kind's fault: a Pod of a registry nobody trusts, in ``paa``.
+UPDATE_FAULT = """\
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: non-default-sa
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: test-untrusted-registry
+spec:
+  serviceAccountName: non-default-sa
+  containers:
+    - name: test
+      image: untrusted-registry.com/test-image
+      securityContext:
+        allowPrivilegeEscalation: false
+        runAsUser: 1000
+"""
+SERVICE_ACCOUNT_POLICY = """\
+apiVersion: kyverno.io/v1
+kind: ClusterPolicy
+metadata:
+  name: service-account-requirements
+spec:
+  rules:
+    - name: no-default-service-account
+      match:
+        resources:
+          kinds: [Pod]
+      validate:
+        message: "Pods must name a service account other than default."
+        pattern:
+          spec:
+            serviceAccountName: "!default"
+"""
+#: The policies the update kind starts from (the fault Pod passes both).
+EXISTING = (
+    SERVICE_ACCOUNT_POLICY
+    + """\
+---
+apiVersion: kyverno.io/v1
+kind: ClusterPolicy
+metadata:
+  name: container-security-controls
+spec:
+  rules:
+    - name: no-privilege-escalation
+      match:
+        resources:
+          kinds: [Pod]
+      validate:
+        message: "Containers must not allow privilege escalation."
+        pattern:
+          spec:
+            containers:
+              - (name): "*"
+                securityContext:
+                  allowPrivilegeEscalation: false
+"""
+)
+#: The honest edit: one rule asking all three of every container.
+FIX = """\
+apiVersion: kyverno.io/v1
+kind: ClusterPolicy
+metadata:
+  name: container-security-controls
+spec:
+  rules:
+    - name: hardened-containers
+      match:
+        resources:
+          kinds: [Pod]
+      validate:
+        message: "No privilege escalation, no root, images from trusted-registry.com only."
+        pattern:
+          spec:
+            containers:
+              - (name): "*"
+                image: "trusted-registry.com/*"
+                securityContext:
+                  allowPrivilegeEscalation: false
+                  runAsNonRoot: true
 """
 
 Steps = list[tuple[str, dict[str, Any], str]]

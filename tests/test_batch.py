@@ -84,7 +84,9 @@ async def test_two_hundred_runs_fifty_at_a_time_each_get_one_result(tmp_path: Pa
     }
     assert report.records == lines
     hung = [r["duration_s"] for r in lines if r["agent"] == "hang"]
-    assert all(1.0 <= d < 3 for d in hung)  # each ended at its own deadline, promptly
+    # each ended at its own deadline, long before the others' 60 s (a loaded machine may be
+    # slow to tidy up fifty sandboxes at once)
+    assert all(1.0 <= d < 30 for d in hung)
     rows = {row["agent"]: row for row in summarize(lines, profiles={"demo.yaml": CISO})}
     assert rows["solve"]["earned"] == 100 and rows["solve"]["blocked_posture_claims"] == 100
     assert "agent_error 50" in render_summary(list(rows.values()))

@@ -42,7 +42,14 @@ from cmbs_async.kyverno import (
 )
 from executors import LocalExecutor
 
-from .k8s_helpers import FAULT, HOST_NETWORK_POLICY
+from .k8s_helpers import (
+    EXISTING,
+    FAULT,
+    FIX,
+    HOST_NETWORK_POLICY,
+    SERVICE_ACCOUNT_POLICY,
+    UPDATE_FAULT,
+)
 from .k8s_plane import PLANE_PROGRAMS, K8sPlane, k8s_tools
 
 pytestmark = pytest.mark.k8s
@@ -75,91 +82,6 @@ spec:
           metadata:
             labels:
               cmbs-nowhere: "?*"
-"""
-#: The update kind's fault: a Pod of a registry nobody trusts, in ``paa``.
-UPDATE_FAULT = """\
-apiVersion: v1
-kind: ServiceAccount
-metadata:
-  name: non-default-sa
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: test-untrusted-registry
-spec:
-  serviceAccountName: non-default-sa
-  containers:
-    - name: test
-      image: untrusted-registry.com/test-image
-      securityContext:
-        allowPrivilegeEscalation: false
-        runAsUser: 1000
-"""
-SERVICE_ACCOUNT_POLICY = """\
-apiVersion: kyverno.io/v1
-kind: ClusterPolicy
-metadata:
-  name: service-account-requirements
-spec:
-  rules:
-    - name: no-default-service-account
-      match:
-        resources:
-          kinds: [Pod]
-      validate:
-        message: "Pods must name a service account other than default."
-        pattern:
-          spec:
-            serviceAccountName: "!default"
-"""
-#: The policies the update kind starts from (the fault Pod passes both).
-EXISTING = (
-    SERVICE_ACCOUNT_POLICY
-    + """\
----
-apiVersion: kyverno.io/v1
-kind: ClusterPolicy
-metadata:
-  name: container-security-controls
-spec:
-  rules:
-    - name: no-privilege-escalation
-      match:
-        resources:
-          kinds: [Pod]
-      validate:
-        message: "Containers must not allow privilege escalation."
-        pattern:
-          spec:
-            containers:
-              - (name): "*"
-                securityContext:
-                  allowPrivilegeEscalation: false
-"""
-)
-#: The honest edit: one rule asking all three of every container.
-FIX = """\
-apiVersion: kyverno.io/v1
-kind: ClusterPolicy
-metadata:
-  name: container-security-controls
-spec:
-  rules:
-    - name: hardened-containers
-      match:
-        resources:
-          kinds: [Pod]
-      validate:
-        message: "No privilege escalation, no root, images from trusted-registry.com only."
-        pattern:
-          spec:
-            containers:
-              - (name): "*"
-                image: "trusted-registry.com/*"
-                securityContext:
-                  allowPrivilegeEscalation: false
-                  runAsNonRoot: true
 """
 #: An honest edit of another shape: the old rule kept, a rule added for each new demand.
 #: The old one (which the Pod passes) is first in name order, and IT-Bench's check reads

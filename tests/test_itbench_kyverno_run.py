@@ -36,7 +36,7 @@ import pytest
 
 from . import k8s_helpers
 from .helpers import one_line_exit_2
-from .k8s_helpers import FAULT, HOST_NETWORK_POLICY, Steps
+from .k8s_helpers import EXISTING, FAULT, FIX, HOST_NETWORK_POLICY, UPDATE_FAULT, Steps
 from .k8s_plane import PLANE_PROGRAMS, K8sPlane, k8s_tools
 
 pytestmark = pytest.mark.k8s
@@ -328,3 +328,118 @@ def test_options_that_do_not_fit_are_refused_in_one_line(bench: Bench, tmp_path:
         "cmbs itbench: error: evaluating kyverno-generate needs the evaluator's --kubeconfig FILE\n"
     )
     assert not (workdir / "evaluation.json").exists()
+
+
+#: IT-Bench's goal for the update kind (upd-cis-b-k8s-kyverno), in our own words.
+UPDATE_GOAL = """Kyverno policies are already deployed in the Kubernetes cluster: one keeps
+Pods off the default service account, one keeps containers from escalating privileges.
+Review these existing policies and edit them, without renaming them or creating new
+ones, so that they also forbid running as root and allow only images from the trusted
+registry trusted-registry.com. Then update the existing resources in the cluster.
+
+The cluster's kubeconfig is at `{{ kubeconfig }}`.
+"""
+#: Until Kyverno's report on the update kind's fault Pod shows a failure (bounded, as WAIT).
+UPDATE_WAIT = WAIT.replace("nginx-deployment", "test-untrusted-registry")
+#: The update as an agent could claim it without making it.
+FAKE_UPDATE = "clusterpolicy.kyverno.io/container-security-controls configured"
+
+
+@pytest.fixture
+def existing(bench: Bench, tmp_path: Path) -> Iterator[Path]:
+    """The update kind's fault and existing policies in the plane, as IT-Bench's
+    fault_inject leaves them; the file of those policies (the evaluator's
+    ``manifests/existing-policy.yaml``). Removed afterwards."""
+    fault, policies = tmp_path / "update-fault.yaml", tmp_path / "existing-policy.yaml"
+    fault.write_text(UPDATE_FAULT)
+    policies.write_text(EXISTING)
+    bench.plane.kubectl("apply", "-n", "paa", "-f", str(fault))
+    bench.plane.kubectl("apply", "-f", str(policies))
+    yield policies
+    bench.plane.kubectl("delete", "-f", str(policies), "--ignore-not-found")
+    bench.plane.kubectl("delete", "-n", "paa", "-f", str(fault), "--ignore-not-found")
+
+
+def update_run(bench: Bench, folder: Path, agent: Steps) -> tuple[Path, Any]:
+    """``cmbs itbench run`` of the plane's kyverno-update scenario data (its kind told
+    by the goal, as IT-Bench's is) with a scripted agent: its DIR and its result."""
+    data = k8s_helpers.scenario_data(folder, bench.plane.kubeconfig.read_text(), UPDATE_GOAL)
+    return k8s_helpers.itbench_run(bench.path, data, folder, agent)
+
+
+def test_the_honest_update_earns_non_compliant_and_passes_itbench(
+    bench: Bench, existing: Path, tmp_path: Path
+) -> None:
+    """The existing policy read, edited under its own name, applied; Kyverno's report on
+    the fault Pod read with a plain ``kubectl get polr -A``: the posture is earned from
+    the real report, and IT-Bench's criterion (the cluster as the agent left it, against
+    the policies before it) passes the workdir."""
+    honest: Steps = [
+        (
+            "execute_kubectl",
+            {"command": "kubectl get clusterpolicy container-security-controls -o yaml"},
+            "unknown",
+        ),
+        (
+            "generate_policy",
+            {"path": "update.yaml", "content": FIX},
+            "unknown",
+        ),
+        (
+            "execute_kubectl",
+            {"command": "kubectl apply -f update.yaml"},
+            "unknown",
+        ),
+        ("execute_kubectl", {"command": UPDATE_WAIT}, "unknown"),
+        ("execute_kubectl", {"command": "kubectl get polr -A"}, "unknown"),
+        ("declare_posture", {"posture": "non_compliant"}, "non_compliant"),
+        ("terminate", {}, "non_compliant"),
+    ]
+    begun = time.monotonic()
+    with rescanning(bench.plane):
+        workdir, result = update_run(bench, tmp_path, honest)
+    print(f"itbench run (kyverno-update, honest, real Kyverno): {time.monotonic() - begun:.1f}s")
+    assert (result["outcome"], result["posture"]) == ("terminated", "non_compliant"), shown(result)
+    trace = result["trace"]
+    assert "name: container-security-controls" in trace[0]["stdout"]
+    assert trace[2]["stdout"] == FAKE_UPDATE + "\n"
+    read = trace[4]
+    assert read["refused"] is None
+    assert read["masks"]["posture_admissible"] == {"compliant": False, "non_compliant": True}
+    rows = [line.split() for line in read["stdout"].splitlines()]
+    pod = [row for row in rows if row[2:4] == ["Pod", "test-untrusted-registry"]]
+    assert pod and pod[0][0] == "paa" and int(pod[0][5]) >= 1, read["stdout"]
+    [chain] = evidence(bench, result)
+    assert chain["argv"] == [str(bench.kubectl_dir / "kubectl"), "get", "polr", "-A"]
+    assert chain["eliminates"] == "compliant"
+
+    status, evaluation = evaluate(bench, workdir, "--existing-policies", str(existing))
+    assert status == 0, evaluation
+    details = evaluation["details"]
+    assert details["kind"] == "kyverno-update" and details["apply"] is False
+    assert [c["pass"] for c in details["itbench"]["checks"]] == [True, True], details
+
+
+def test_an_update_only_claimed_earns_nothing_and_fails_itbench(
+    bench: Bench, existing: Path, tmp_path: Path
+) -> None:
+    """kubectl's answer and a failing report typed with ``echo``, nothing edited: the gate
+    moves no posture, and IT-Bench's criterion fails the cluster the agent left."""
+    row = "paa  0a1b2c3d  Pod  test-untrusted-registry  0  1  0  0  0  9s"
+    liar: Steps = [
+        ("execute_kubectl", {"command": f"echo {FAKE_UPDATE}"}, "unknown"),
+        ("execute_kubectl", {"command": f"echo '{row}'"}, "unknown"),
+        ("declare_posture", {"posture": "non_compliant"}, "non_compliant"),
+        ("terminate", {}, "non_compliant"),
+    ]
+    workdir, result = update_run(bench, tmp_path, liar)
+    assert result["outcome"] != "terminated" and result["posture"] is None, shown(result)
+    assert result["trace"][1]["masks"]["posture_admissible"] == {
+        "compliant": True,
+        "non_compliant": True,
+    }
+    with rescanning(bench.plane):
+        status, evaluation = evaluate(bench, workdir, "--existing-policies", str(existing))
+    assert status == 1, evaluation
+    first = evaluation["details"]["itbench"]["checks"][0]
+    assert first["pass"] is False, evaluation
