@@ -100,11 +100,8 @@ spec:
           spec:
             serviceAccountName: "!default"
 """
-#: The policies the update kind starts from (the fault Pod passes both).
-EXISTING = (
-    SERVICE_ACCOUNT_POLICY
-    + """\
----
+#: The update kind's policy to edit, as it starts (the fault Pod passes it).
+CONTAINER_CONTROLS = """\
 apiVersion: kyverno.io/v1
 kind: ClusterPolicy
 metadata:
@@ -124,7 +121,8 @@ spec:
                 securityContext:
                   allowPrivilegeEscalation: false
 """
-)
+#: The policies the update kind starts from (the fault Pod passes both).
+EXISTING = SERVICE_ACCOUNT_POLICY + "---\n" + CONTAINER_CONTROLS
 #: The honest edit: one rule asking all three of every container.
 FIX = """\
 apiVersion: kyverno.io/v1
@@ -181,15 +179,10 @@ def scenario_data(folder: Path, kubeconfig: str, goal: str) -> Path:
     return path
 
 
-def itbench_run(
-    path: str, data: Path, folder: Path, agent: Steps, *more: str
-) -> tuple[Path, dict[str, Any]]:
-    """``cmbs itbench run`` of ``data`` with a scripted agent: its DIR and its result
-    (``--json``)."""
-    workdir = folder / "agent"
-    script = steps(folder / "steps.jsonl", *agent)
-    done = cmbs_on(
-        path,
+def run_args(data: Path, workdir: Path, script: Path, *more: str) -> list[str]:
+    """The arguments of ``cmbs itbench run`` of ``data`` in ``workdir`` with the
+    scripted agent of ``script``."""
+    return [
         "itbench",
         "run",
         str(data),
@@ -197,9 +190,18 @@ def itbench_run(
         str(workdir),
         "--agent",
         f"script:{script}",
-        "--json",
         *more,
-    )
+    ]
+
+
+def itbench_run(
+    path: str, data: Path, folder: Path, agent: Steps, *more: str
+) -> tuple[Path, dict[str, Any]]:
+    """``cmbs itbench run`` of ``data`` with a scripted agent: its DIR and its result
+    (``--json``)."""
+    workdir = folder / "agent"
+    script = steps(folder / "steps.jsonl", *agent)
+    done = cmbs_on(path, *run_args(data, workdir, script, "--json", *more))
     assert done.stdout, done.stderr
     return workdir, dict(json.loads(done.stdout))
 

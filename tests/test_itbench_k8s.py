@@ -31,7 +31,7 @@ import pytest
 from cmbs_async.itbench import KYVERNO_CRDS
 
 from . import k8s_helpers
-from .k8s_helpers import FAULT, steps
+from .k8s_helpers import FAULT, run_args, steps
 from .k8s_plane import K8sPlane, k8s_tools
 from .sshd import free_port
 from .test_itbench_tools import bare_python  # noqa: F401 (a fixture)
@@ -482,17 +482,7 @@ def test_a_kubeconfig_that_reaches_no_server_is_refused(
     data = scenario_data(tmp_path, nowhere)
     script = steps(tmp_path / "steps.jsonl", *honest())
     workdir = tmp_path / "runs" / "agent"
-    done = cmbs(
-        cluster,
-        "itbench",
-        "run",
-        str(data),
-        "--workdir",
-        str(workdir),
-        "--agent",
-        f"script:{script}",
-        "--no-audit",
-    )
+    done = cmbs(cluster, *run_args(data, workdir, script, "--no-audit"))
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.splitlines()
     assert line.startswith("cmbs itbench: error: the cluster of vars.kubeconfig does not answer")
@@ -546,17 +536,7 @@ def test_a_kyverno_kind_without_kyverno_in_the_cluster_is_refused(
         for kind, goal in KYVERNO_GOALS.items():
             data = scenario_data(tmp_path, kubeconfig_in(plane, None), goal)
             workdir = tmp_path / "runs" / kind
-            done = cmbs(
-                cluster,
-                "itbench",
-                "run",
-                str(data),
-                "--workdir",
-                str(workdir),
-                "--agent",
-                f"script:{script}",
-                "--no-audit",
-            )
+            done = cmbs(cluster, *run_args(data, workdir, script, "--no-audit"))
             assert done.returncode == 2, done.stderr
             assert done.stderr == (
                 "cmbs itbench: error: the cluster of vars.kubeconfig has no Kyverno (no CRD "

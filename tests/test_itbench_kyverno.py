@@ -43,6 +43,7 @@ from cmbs_async.kyverno import (
 from executors import LocalExecutor
 
 from .k8s_helpers import (
+    CONTAINER_CONTROLS,
     EXISTING,
     FAULT,
     FIX,
@@ -86,25 +87,9 @@ spec:
 #: An honest edit of another shape: the old rule kept, a rule added for each new demand.
 #: The old one (which the Pod passes) is first in name order, and IT-Bench's check reads
 #: only the first result of the policy: it fails this edit.
-THREE_RULES = """\
-apiVersion: kyverno.io/v1
-kind: ClusterPolicy
-metadata:
-  name: container-security-controls
-spec:
-  rules:
-    - name: no-privilege-escalation
-      match:
-        resources:
-          kinds: [Pod]
-      validate:
-        message: "Containers must not allow privilege escalation."
-        pattern:
-          spec:
-            containers:
-              - (name): "*"
-                securityContext:
-                  allowPrivilegeEscalation: false
+THREE_RULES = (
+    CONTAINER_CONTROLS
+    + """\
     - name: run-as-non-root
       match:
         resources:
@@ -129,6 +114,7 @@ spec:
               - (name): "*"
                 image: "trusted-registry.com/*"
 """
+)
 #: The service-account policy edited too: IT-Bench's other check fails it.
 SERVICE_ACCOUNT_CHANGED = SERVICE_ACCOUNT_POLICY.replace('"!default"', '"!default & !kube-*"')
 assert SERVICE_ACCOUNT_CHANGED != SERVICE_ACCOUNT_POLICY
