@@ -58,6 +58,7 @@ from .wiring import (
     audit_store,
     build_executor,
     containment_options,
+    named_secrets,
     run_config,
     same_file,
 )
@@ -202,13 +203,7 @@ def _out_of_its_own(args: argparse.Namespace) -> None:
     database or one of its journal files, the signing key or ``--head-out``: results
     appended there are lost, or destroy what is there."""
     key = args.signing_key or default_data_dir() / "signing_key"
-    others = [(str(key), "the signing key")]
-    database = audit_path(args)
-    if database is not None:
-        others += [
-            (f"{database}{suffix}", "the audit database" + (suffix and f"'s {suffix} file"))
-            for suffix in ("", "-wal", "-shm", "-journal")
-        ]
+    others = named_secrets(key, audit_path(args))
     if args.head_out:
         others.append((args.head_out, "--head-out"))
     for other, what in others:

@@ -28,6 +28,7 @@ __all__ = [
     "audit_store",
     "build_executor",
     "containment_options",
+    "named_secrets",
     "run_config",
     "same_file",
     "secrets_of",
@@ -73,12 +74,20 @@ def add_ssh_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def named_secrets(key: str | Path, audit_db: str | Path | None) -> list[tuple[str, str]]:
+    """The signing key and the audit database (with its WAL files), each with what it is."""
+    named = [(str(key), "the signing key")]
+    if audit_db is not None:
+        named += [
+            (f"{audit_db}{suffix}", "the audit database" + (suffix and f"'s {suffix} file"))
+            for suffix in ("", "-wal", "-shm", "-journal")
+        ]
+    return named
+
+
 def secrets_of(key: str | Path, audit_db: str | Path | None) -> tuple[str, ...]:
     """The signing key and the audit database (with its WAL files): never for a command."""
-    paths = [str(key)]
-    if audit_db is not None:
-        paths += [f"{audit_db}{suffix}" for suffix in ("", "-wal", "-shm", "-journal")]
-    return tuple(paths)
+    return tuple(path for path, _ in named_secrets(key, audit_db))
 
 
 def audit_path(args: argparse.Namespace) -> str | None:
