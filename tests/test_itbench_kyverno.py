@@ -282,6 +282,62 @@ def test_strict_fails_a_policy_that_fails_a_compliant_deployment_too(
     assert bench.policies() == []
 
 
+#: A report of the agent's own making (``kubectl apply`` of it): the fault Deployment
+#: failing the agent's policy that matches nothing.
+FORGED_REPORT = """\
+apiVersion: wgpolicyk8s.io/v1alpha2
+kind: PolicyReport
+metadata:
+  name: made-by-the-agent
+  namespace: paa
+scope:
+  apiVersion: apps/v1
+  kind: Deployment
+  name: nginx-deployment
+  namespace: paa
+results:
+  - policy: keep-off-host-network-nowhere
+    rule: autogen-keep-off-host-network
+    result: fail
+    message: "Sharing the host network is not allowed."
+    source: kyverno
+    scored: true
+summary: {pass: 0, fail: 1, warn: 0, error: 0, skip: 0}
+"""
+
+
+def test_a_report_the_agent_made_passes_itbench_but_not_strict(
+    bench: Bench, tmp_path: Path
+) -> None:
+    """The cluster as the agent left it: its policy, which matches nothing, and a report it
+    made itself saying the fault fails that policy. IT-Bench's criterion reads every
+    report, and passes it as IT-Bench's evaluator would; ``--strict`` counts only the
+    reports Kyverno wrote as the evaluation ran, and fails it."""
+    folder = workdir(tmp_path, **{"policy.yaml": NOWHERE, "report.yaml": FORGED_REPORT})
+    made = [str(folder / "policy.yaml"), str(folder / "report.yaml")]
+    for path in made:
+        bench.plane.kubectl("apply", "-f", path)
+    try:
+        plain = bench.evaluate("generate forged", folder, Kind.KYVERNO_GENERATE, apply=False)
+        strict = bench.evaluate(
+            "generate forged strict", folder, Kind.KYVERNO_GENERATE, apply=False, strict=True
+        )
+        # the forged report is still there: Kyverno neither took nor removed it
+        held = bench.plane.kubectl("get", "polr", "-n", "paa", "made-by-the-agent", "-o", "name")
+        assert held.stdout.strip() == "policyreport.wgpolicyk8s.io/made-by-the-agent"
+    finally:
+        for path in reversed(made):
+            bench.plane.kubectl("delete", "-f", path, "--ignore-not-found")
+    assert plain.passed, plain.details  # IT-Bench's criterion, kept as it is: it is fooled
+    assert strict.details["itbench"]["pass"] is True
+    assert not strict.passed
+    assert strict.details["reason"] == (
+        "no policy of the workdir fails Deployment paa/nginx-deployment (a report Kyverno "
+        "did not write as the evaluation ran says it fails keep-off-host-network-nowhere: "
+        "set aside)"
+    )
+
+
 def test_no_report_in_time_is_no_verdict_and_the_cluster_is_put_back(
     bench: Bench, tmp_path: Path
 ) -> None:
