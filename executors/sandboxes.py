@@ -39,7 +39,7 @@ __all__ = ["Exit", "Job", "Run", "Sandbox", "SandboxBroken", "start_sandbox"]
 
 _log = EventLogger("cmbs_async.sandbox")
 _START_TIMEOUT = 30.0
-_CHILD_PID = re.compile(rb'"child-pid":\s*(\d+)')
+_CHILD_PID = re.compile(rb'"child-pid":\s*(\d+)\D')  # whole: followed by more
 
 
 class SandboxBroken(ExecutorError):
@@ -92,14 +92,17 @@ async def start_sandbox(
     broker = await start_broker(spec.network) if isinstance(spec.network, tuple) else None
     cgroup, why = _cgroup(name, spec)
     host, inside = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    info_read, info_write = os.pipe()
+    # bwrap's report of the sandbox's init, written before it lets the sandbox go on: a
+    # file, never a pipe, since a pipe nobody reads (this process killed) kills bwrap as
+    # it writes and leaves its half-made sandbox waiting for ever
+    info = tempfile.TemporaryFile()
     stderr = tempfile.TemporaryFile()  # bwrap's and the launcher's: never a full pipe
     try:
         argv = sandbox_argv(
             bwrap,
             spec,
             control_fd=inside.fileno(),
-            info_fd=info_write,
+            info_fd=info.fileno(),
             broker=broker,
             joins=[str(p) for p in cgroup.procs] if cgroup and cgroup.commands_only else (),
         )
@@ -111,29 +114,31 @@ async def start_sandbox(
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 start_new_session=True,
-                pass_fds=(inside.fileno(), info_write, *argv.fds, *([broker.fd] if broker else [])),
+                pass_fds=(
+                    inside.fileno(),
+                    info.fileno(),
+                    *argv.fds,
+                    *([broker.fd] if broker else []),
+                ),
             )
         finally:
             for fd in argv.fds:
                 os.close(fd)
     except BaseException:
-        for fd in (info_read, info_write):
-            os.close(fd)
-        for closable in (host, inside, stderr):
+        for closable in (host, inside, stderr, info):
             closable.close()
         if cgroup is not None:
             cgroup.remove()
         if broker is not None:
             broker.close()
         raise
-    os.close(info_write)
     inside.close()
     if broker is not None:  # its end is in the sandbox now: serve it
         broker.start()
         env = {**broker.env, **env}
     host.setblocking(False)
     sandbox = Sandbox(
-        process, host, info_read, cgroup, spec, env=env, unenforced=why, said=stderr, broker=broker
+        process, host, info, cgroup, spec, env=env, unenforced=why, said=stderr, broker=broker
     )
     try:
         with anyio.fail_after(_START_TIMEOUT):
@@ -179,7 +184,7 @@ class Sandbox:
         self,
         process: Process,
         sock: socket.socket,
-        info_fd: int,
+        info: IO[bytes],
         cgroup: Cgroup | None,
         spec: SandboxSpec,
         *,
@@ -199,7 +204,7 @@ class Sandbox:
         self.last_words = ""
         self._process = process
         self._sock = sock
-        self._info = info_fd
+        self._info = info
         self._init: int | None = None  # a pidfd for the sandbox's init, once known
         self._init_pid: int | None = None
         self._cgroup = cgroup
@@ -312,7 +317,7 @@ class Sandbox:
             self._zygotes.clear()
             self.last_words = self._read_said()
             self._said.close()
-            os.close(self._info)
+            self._info.close()
             self._wake_all()
             if self._cgroup is not None:
                 await anyio.to_thread.run_sync(self._cgroup.remove)
@@ -441,9 +446,8 @@ class Sandbox:
     def _take_init(self) -> None:
         """The sandbox's init, as bwrap reports it: a pidfd (its end means the PID
         namespace is empty) and its pid (``/proc/PID/root`` is the sandbox's view)."""
-        os.set_blocking(self._info, False)
         try:
-            found = _CHILD_PID.search(os.read(self._info, 4096))
+            found = _CHILD_PID.search(os.pread(self._info.fileno(), 4096, 0))
             if found:
                 self._init_pid = int(found.group(1))
                 self._init = os.pidfd_open(self._init_pid)

@@ -361,6 +361,55 @@ def test_a_killed_cmbs_leaves_no_command_running(tmp_path: Path) -> None:
     assert processes_with(mark) == []
 
 
+#: A bwrap that, when it is to start a sandbox (not when probed), first kills the process
+#: that started it and waits until that one is gone, then is the real bwrap.
+STARTER_KILLING_BWRAP = """\
+#!/bin/sh
+case " $* " in
+*" --info-fd "*)
+    kill -KILL "$PPID"
+    while kill -0 "$PPID" 2>/dev/null; do sleep 0.01; done ;;
+esac
+exec {real} "$@"
+"""
+
+
+def test_a_sandbox_whose_starter_died_as_bwrap_began_ends_by_itself(tmp_path: Path) -> None:
+    """cmbs killed between starting bwrap and bwrap's report of the sandbox's init (which
+    bwrap writes before it lets the sandbox go on): the sandbox ends all the same, and
+    nothing waits for ever in its first instant (found after a SIGKILLed batch: bwrap died
+    writing to a report nobody read, and its half-made sandbox stayed)."""
+    real = find_bwrap()
+    if real is None:
+        pytest.skip("needs bubblewrap")
+    wrapper = tmp_path / "bwrap"
+    wrapper.write_text(STARTER_KILLING_BWRAP.format(real=real))
+    wrapper.chmod(0o755)
+    root = tmp_path / "workdirs"
+    root.mkdir()
+    program = (
+        "import anyio, sys\n"
+        "from executors import LocalExecutor\n"
+        "async def main(root):\n"
+        "    async with LocalExecutor(sandbox='bwrap', workdir_root=root) as executor:\n"
+        "        await executor.prepare(None, {})\n"
+        "anyio.run(main, sys.argv[1])\n"
+    )
+    starter = subprocess.Popen(
+        [sys.executable, "-c", program, str(root)],
+        env={**os.environ, "CMBS_BWRAP": str(wrapper)},
+        stderr=subprocess.DEVNULL,
+    )
+    assert starter.wait(timeout=60) == -9  # killed by its bwrap, as it began
+    deadline = time.monotonic() + 10
+    while not processes_with(str(root)) and time.monotonic() < deadline:
+        time.sleep(0.01)  # the real bwrap, started once its starter is gone
+    deadline = time.monotonic() + 10
+    while processes_with(str(root)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with(str(root)) == []
+
+
 def test_a_secret_among_the_tools_stays_hidden(tmp_path: Path) -> None:
     """The interpreter and this package's code are shown again; a key kept among them not."""
     tools = Path(executors.__file__).resolve().parent.parent
