@@ -47,6 +47,7 @@ import socket
 import stat
 import struct
 import sys
+import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -415,13 +416,16 @@ def build_bwrap(plan: Plan, source: Callable[[], bytes]) -> Sandbox:
         argv.append("--unshare-net")
     argv += ["--info-fd", "4", "--", sys.executable, "-I", "-S", "-c", ZYGOTE_BOOT]
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    info_r, info_w = os.pipe2(os.O_CLOEXEC)
+    # bwrap's report of the sandbox's init, written before it lets the sandbox go on: a
+    # file, never a pipe, since a pipe nobody reads (this process killed) kills bwrap as
+    # it writes and leaves its half-made sandbox waiting for ever
+    report = tempfile.TemporaryFile()
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
     env = dict(os.environ, HOME="/tmp/home", PWD=plan.workdir)
-    fds = {0: null, 1: null, 2: err_w, 3: theirs.fileno(), 4: info_w}
+    fds = {0: null, 1: null, 2: err_w, 3: theirs.fileno(), 4: report.fileno()}
     pid = _spawn(argv, env, fds)
-    for fd in (info_w, err_w, null):
+    for fd in (err_w, null):
         os.close(fd)
     theirs.close()
     holder = None
@@ -436,19 +440,14 @@ def build_bwrap(plan: Plan, source: Callable[[], bytes]) -> Sandbox:
             except OSError:
                 said = ""
             raise OSError(exc.errno, said.splitlines()[-1] if said else exc.strerror) from None
-        info = b""
-        while True:
-            chunk = os.read(info_r, 4096)
-            if not chunk:
-                break
-            info += chunk
+        info = os.pread(report.fileno(), 65536, 0)  # whole: the sandbox runs only after it
         holder = int(json.loads(info.decode())["child-pid"])
     except BaseException:
         mine.close()
         _kill_and_reap(pid)
         raise
     finally:
-        os.close(info_r)
+        report.close()
         os.close(err_r)
     return Sandbox("bwrap", pid, holder, mine)
 
