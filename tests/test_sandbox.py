@@ -401,9 +401,7 @@ def test_a_sandbox_whose_starter_died_as_bwrap_began_ends_by_itself(tmp_path: Pa
         stderr=subprocess.DEVNULL,
     )
     assert starter.wait(timeout=60) == -9  # killed by its bwrap, as it began
-    deadline = time.monotonic() + 10
-    while not processes_with(str(root)) and time.monotonic() < deadline:
-        time.sleep(0.01)  # the real bwrap, started once its starter is gone
+    # the wrapper, then the real bwrap it becomes, name the root among their arguments
     deadline = time.monotonic() + 10
     while processes_with(str(root)) and time.monotonic() < deadline:
         time.sleep(0.05)
