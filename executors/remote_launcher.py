@@ -47,7 +47,6 @@ import socket
 import stat
 import struct
 import sys
-import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -416,14 +415,11 @@ def build_bwrap(plan: Plan, source: Callable[[], bytes]) -> Sandbox:
         argv.append("--unshare-net")
     argv += ["--info-fd", "4", "--", sys.executable, "-I", "-S", "-c", ZYGOTE_BOOT]
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    # bwrap's report of the sandbox's init, written before it lets the sandbox go on: a
-    # file, never a pipe, since a pipe nobody reads (this process killed) kills bwrap as
-    # it writes and leaves its half-made sandbox waiting for ever
-    report = tempfile.TemporaryFile()
+    report = _report_file()
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
     env = dict(os.environ, HOME="/tmp/home", PWD=plan.workdir)
-    fds = {0: null, 1: null, 2: err_w, 3: theirs.fileno(), 4: report.fileno()}
+    fds = {0: null, 1: null, 2: err_w, 3: theirs.fileno(), 4: report}
     pid = _spawn(argv, env, fds)
     for fd in (err_w, null):
         os.close(fd)
@@ -440,16 +436,28 @@ def build_bwrap(plan: Plan, source: Callable[[], bytes]) -> Sandbox:
             except OSError:
                 said = ""
             raise OSError(exc.errno, said.splitlines()[-1] if said else exc.strerror) from None
-        info = os.pread(report.fileno(), 65536, 0)  # whole: the sandbox runs only after it
+        info = os.pread(report, 65536, 0)  # whole: the sandbox runs only after it
         holder = int(json.loads(info.decode())["child-pid"])
     except BaseException:
         mine.close()
         _kill_and_reap(pid)
         raise
     finally:
-        report.close()
+        os.close(report)
         os.close(err_r)
     return Sandbox("bwrap", pid, holder, mine)
+
+
+def _report_file() -> int:
+    """Where bwrap reports the sandbox's init, before it lets the sandbox go on: a memory
+    file, never a pipe (one nobody reads, this process killed) nor a disk (a full one),
+    where a failed write kills bwrap and leaves its half-made sandbox for ever."""
+    if hasattr(os, "memfd_create"):
+        return int(os.memfd_create("cmbs-bwrap-report", os.MFD_CLOEXEC))
+    fd = int(libc().memfd_create(b"cmbs-bwrap-report", 1))  # Python 3.6: MFD_CLOEXEC
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "memfd_create")
+    return fd
 
 
 def _output_of(argv: list[str]) -> bytes:

@@ -93,16 +93,16 @@ async def start_sandbox(
     cgroup, why = _cgroup(name, spec)
     host, inside = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     # bwrap's report of the sandbox's init, written before it lets the sandbox go on: a
-    # file, never a pipe, since a pipe nobody reads (this process killed) kills bwrap as
-    # it writes and leaves its half-made sandbox waiting for ever
-    info = tempfile.TemporaryFile()
+    # memory file, never a pipe (one nobody reads, this process killed) nor a disk (a full
+    # one), where a failed write kills bwrap and leaves its half-made sandbox for ever
+    info = os.memfd_create("cmbs-bwrap-report", os.MFD_CLOEXEC)
     stderr = tempfile.TemporaryFile()  # bwrap's and the launcher's: never a full pipe
     try:
         argv = sandbox_argv(
             bwrap,
             spec,
             control_fd=inside.fileno(),
-            info_fd=info.fileno(),
+            info_fd=info,
             broker=broker,
             joins=[str(p) for p in cgroup.procs] if cgroup and cgroup.commands_only else (),
         )
@@ -116,7 +116,7 @@ async def start_sandbox(
                 start_new_session=True,
                 pass_fds=(
                     inside.fileno(),
-                    info.fileno(),
+                    info,
                     *argv.fds,
                     *([broker.fd] if broker else []),
                 ),
@@ -125,7 +125,8 @@ async def start_sandbox(
             for fd in argv.fds:
                 os.close(fd)
     except BaseException:
-        for closable in (host, inside, stderr, info):
+        os.close(info)
+        for closable in (host, inside, stderr):
             closable.close()
         if cgroup is not None:
             cgroup.remove()
@@ -184,7 +185,7 @@ class Sandbox:
         self,
         process: Process,
         sock: socket.socket,
-        info: IO[bytes],
+        info_fd: int,
         cgroup: Cgroup | None,
         spec: SandboxSpec,
         *,
@@ -204,7 +205,7 @@ class Sandbox:
         self.last_words = ""
         self._process = process
         self._sock = sock
-        self._info = info
+        self._info = info_fd
         self._init: int | None = None  # a pidfd for the sandbox's init, once known
         self._init_pid: int | None = None
         self._cgroup = cgroup
@@ -317,7 +318,7 @@ class Sandbox:
             self._zygotes.clear()
             self.last_words = self._read_said()
             self._said.close()
-            self._info.close()
+            os.close(self._info)
             self._wake_all()
             if self._cgroup is not None:
                 await anyio.to_thread.run_sync(self._cgroup.remove)
@@ -447,7 +448,7 @@ class Sandbox:
         """The sandbox's init, as bwrap reports it: a pidfd (its end means the PID
         namespace is empty) and its pid (``/proc/PID/root`` is the sandbox's view)."""
         try:
-            found = _CHILD_PID.search(os.pread(self._info.fileno(), 4096, 0))
+            found = _CHILD_PID.search(os.pread(self._info, 4096, 0))
             if found:
                 self._init_pid = int(found.group(1))
                 self._init = os.pidfd_open(self._init_pid)
