@@ -181,7 +181,9 @@ async def prove(
         checks, unusable = read_checks(stdout.output().text)
     except ValueError:
         said = " ".join(stderr.output().text.split())[-300:]
-        raise ExecutorError(f"the sandbox's canary failed: {said or 'no report'}") from None
+        status = f"status {ran.exit.status}" if ran.exit else "no status"
+        said = said or f"no report, {status}"
+        raise ExecutorError(f"the sandbox's canary failed: {said}") from None
     if sandbox.broker is not None:  # network by allow-list: its refusal was recorded
         checks = (*checks, await sandbox.broker.check_recorded(NOWHERE))
     network = spec.network

@@ -19,7 +19,7 @@ from pwd import getpwuid
 from typing import TYPE_CHECKING
 
 import anyio
-from anyio.abc import ByteReceiveStream, Process
+from anyio.abc import Process
 
 from . import snapshot
 from .base import (
@@ -34,6 +34,7 @@ from .canary import prove
 from .errors import CleanupFailed, ExecutorError
 from .events import EventLogger
 from .observation import CommandEnv, Containment, FileChange, InputFile, Observation, Program
+from .pipes import read_pipes
 from .sandbox import (
     INSTALL_HINT,
     SANDBOX_HOME,
@@ -86,7 +87,7 @@ class LocalExecutor(Closing):
     a sandboxed command must not see, besides the operator's home and the cmbs data
     directory (name an audit database's ``-wal`` and ``-shm`` files too). Output is capped
     at ``output_cap`` bytes per stream; reading stops ``drain_grace`` seconds after a
-    command ends even if something still holds the pipe.
+    command ends even if something still holds the pipe (taking what the pipe holds then).
     """
 
     def __init__(
@@ -461,20 +462,34 @@ class LocalExecutor(Closing):
     ) -> Observation:
         check_workdir(workdir, hidden=(), root=self.workdir_root)
         stdout, stderr = OutputBuffer(self.output_cap), OutputBuffer(self.output_cap)
+        out, err = _pipe(), _pipe()
         try:
             process = await anyio.open_process(
                 ["/bin/sh", "-c", command] if isinstance(command, str) else command,
                 cwd=workdir,
                 env=command_env(declared, home=None),
                 stdin=subprocess.DEVNULL,
+                stdout=out[1],
+                stderr=err[1],
                 start_new_session=True,
             )
-        except OSError as exc:
-            return _not_started(said, exc.strerror or str(exc), start)
-        timed_out = False
+        except BaseException as exc:
+            for fd in (*out, *err):
+                os.close(fd)
+            if isinstance(exc, OSError):
+                return _not_started(said, exc.strerror or str(exc), start)
+            raise
+        os.close(out[1])
+        os.close(err[1])
+
+        async def ended() -> bool:
+            await process.wait()
+            return True
+
+        pipes = [(out[0], stdout), (err[0], stderr)]
         try:
             with anyio.move_on_after(timeout) as scope:
-                await self._collect(process, stdout, stderr)
+                await read_pipes(pipes, ended, grace=self.drain_grace)
             timed_out = scope.cancelled_caught
         finally:
             with anyio.CancelScope(shield=True):
@@ -484,6 +499,8 @@ class LocalExecutor(Closing):
                 if process.returncode is None:
                     process.kill()
                 await process.aclose()
+            os.close(out[0])
+            os.close(err[0])
         status = process.returncode
         found = None if timed_out or status is None or status < 0 else status != 127
         return Observation(
@@ -498,28 +515,6 @@ class LocalExecutor(Closing):
             stderr=stderr.output(),
             duration_s=anyio.current_time() - start,
         )
-
-    async def _collect(self, process: Process, stdout: OutputBuffer, stderr: OutputBuffer) -> None:
-        drained = anyio.Event()
-        open_pipes = 2
-
-        async def drain(stream: ByteReceiveStream | None, into: OutputBuffer) -> None:
-            nonlocal open_pipes
-            if stream is not None:
-                async for chunk in stream:
-                    into.feed(chunk)
-            open_pipes -= 1
-            if open_pipes == 0:
-                drained.set()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(drain, process.stdout, stdout)
-            tg.start_soon(drain, process.stderr, stderr)
-            await process.wait()
-            # A grandchild left running may hold the pipes open: stop reading soon.
-            with anyio.move_on_after(self.drain_grace):
-                await drained.wait()
-            tg.cancel_scope.cancel()
 
     async def _kill_group(self, process: Process) -> None:
         """TERM the process group, a grace, then KILL what is left of it."""
@@ -539,6 +534,13 @@ class LocalExecutor(Closing):
 def _identify_all(workdir: str, arguments: Sequence[str]) -> tuple[InputFile, ...]:
     """The files ``arguments`` name for a program running in ``workdir``."""
     return tuple(InputFile(argument=arg, **identify(workdir, arg)) for arg in arguments)
+
+
+def _pipe() -> tuple[int, int]:
+    """A pipe for a command's output: its end to read (non-blocking), its end to write."""
+    read, write = os.pipe2(os.O_CLOEXEC)
+    os.set_blocking(read, False)
+    return read, write
 
 
 def _not_started(command: str, reason: str, start: float) -> Observation:

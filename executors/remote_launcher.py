@@ -287,6 +287,20 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def read_held(fd: int, into: Capped) -> None:
+    """Feed ``into`` what the non-blocking pipe ``fd`` holds now (as executors/pipes.py)."""
+    taken = 0
+    while taken < 1 << 20:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        if not chunk:
+            return
+        into.feed(chunk)
+        taken += len(chunk)
+
+
 def _one_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror if not exc.filename else f"{exc.filename}: {exc.strerror}"
@@ -1259,7 +1273,8 @@ class Launcher:
             return
         if command.streams and time.monotonic() < (command.drain_until or 0):
             return
-        for fd in list(command.streams):
+        for fd in list(command.streams):  # what it holds still, however late this runs
+            read_held(fd, command.streams[fd])
             self.close_stream(command, fd)
         command.finished = True
         del self.commands[command.ident]

@@ -33,6 +33,7 @@ from .cgroups import Cgroup, CgroupUnavailable, open_cgroup
 from .errors import ExecutorError
 from .events import EventLogger
 from .netpolicy import Broker, start_broker
+from .pipes import read_pipes
 from .sandbox import CGROUP_JOINS, SANDBOX_HOME, SandboxSpec, sandbox_argv
 
 __all__ = ["Exit", "Job", "Run", "Sandbox", "SandboxBroken", "start_sandbox"]
@@ -511,36 +512,19 @@ class Run:
     async def collect(self, stdout: OutputBuffer, stderr: OutputBuffer, grace: float) -> None:
         """Read both streams until the command has ended and they are drained (at most
         ``grace`` seconds after the end: what holds a pipe then is not waited for)."""
-        drained = 0
-        done = anyio.Event()
-
-        async def drain(fd: int, into: OutputBuffer) -> None:
-            nonlocal drained
-            while True:
-                await anyio.wait_readable(fd)
-                try:
-                    chunk = os.read(fd, 65536)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    break
-                into.feed(chunk)
-            drained += 1
-            if drained == 2:
-                done.set()
-
         broken: SandboxBroken | None = None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(drain, self._job.stdout, stdout)
-            tg.start_soon(drain, self._job.stderr, stderr)
+
+        async def ended() -> bool:
+            nonlocal broken
             try:
                 self.exit = await self._sandbox.wait(self._job)
             except SandboxBroken as exc:  # raised below: in the group it would be a group
                 broken = exc
-            else:
-                with anyio.move_on_after(grace):
-                    await done.wait()
-            tg.cancel_scope.cancel()
+                return False
+            return True
+
+        pipes = [(self._job.stdout, stdout), (self._job.stderr, stderr)]
+        await read_pipes(pipes, ended, grace=grace)
         if broken is not None:
             raise broken
 

@@ -29,7 +29,7 @@ async def test_200_runs_at_once_each_end_within_seconds_of_their_deadline(
 ) -> None:
     mark = unique_seconds()
     late: list[float] = []
-    outcomes: list[Outcome] = []
+    outcomes: list[tuple[Outcome, str | None]] = []
     steps: list[int] = []
 
     async def one(index: int) -> None:
@@ -38,14 +38,19 @@ async def test_200_runs_at_once_each_end_within_seconds_of_their_deadline(
         started = anyio.current_time()
         result = await run_scenario(spec, agent=agent, executor=executor)
         late.append(anyio.current_time() - started - DEADLINE)
-        outcomes.append(result.outcome)
+        outcomes.append((result.outcome, result.reason))
         steps.append(result.steps)
 
     async with LocalExecutor() as executor:
         async with anyio.create_task_group() as tg:
             for index in range(RUNS):
                 tg.start_soon(one, index)
-    assert outcomes == [Outcome.DEADLINE_EXCEEDED] * RUNS
+    odd = [
+        (outcome, reason)
+        for outcome, reason in outcomes
+        if outcome is not Outcome.DEADLINE_EXCEEDED
+    ]
+    assert odd == [], f"{len(odd)} of {RUNS} runs did not end at their deadline"
     assert steps == [1] * RUNS, "some sandboxes took longer than the deadline to start"
     # Once the deadline fires a command gets ``kill_grace`` to end on TERM; the kernel then
     # tears down 200 PID namespaces one after another (1.5-1.7 s measured on 2 cores for

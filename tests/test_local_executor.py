@@ -128,6 +128,22 @@ async def test_a_grandchild_holding_the_pipe_does_not_block(
     assert processes_with(mark) == []
 
 
+@pytest.mark.parametrize("sandbox", ["bwrap", "none"])
+async def test_no_output_is_lost_when_reading_stops_at_the_end(
+    sandbox: str, tmp_path: Path
+) -> None:
+    mark = unique_seconds()  # its grandchild holds the pipes: no end of file to wait for
+    command = f"sleep {mark} & for i in 1 2 3 4 5; do head -c 20000 /dev/zero; done"
+    async with LocalExecutor(
+        sandbox=sandbox, workdir_root=str(tmp_path), kill_grace=0.3, drain_grace=0
+    ) as executor:
+        workdir = await executor.prepare(None, {})
+        for _ in range(5):
+            observation = await executor.run_command(workdir, command, timeout=30)
+            assert observation.success and observation.stdout.total_bytes == 100_000
+    assert processes_with(mark) == []
+
+
 async def test_cancellation_kills_the_whole_group(contained: tuple[LocalExecutor, str]) -> None:
     executor, workdir = contained
     mark = unique_seconds()

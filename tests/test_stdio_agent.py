@@ -76,6 +76,37 @@ async def test_a_crash_is_an_agent_error_with_its_stderr(tmp_path: Path) -> None
     assert "Traceback: model weights missing" in result.reason
 
 
+#: one step, then its input closed and gone before the runtime can write the next turn
+STEP_THEN_CLOSE = (
+    "read turn; exec 0<&-; "
+    """echo '{"belief": {}, "action": {"type": "terminate", "payload": {}}}'; """
+)
+
+
+@pytest.mark.parametrize("isolate", ["group", "sandbox"])
+@pytest.mark.parametrize(
+    ("after", "outcome", "said"),
+    [
+        ("exit 0", Outcome.AGENT_FINISHED, None),
+        ("exit 4", Outcome.AGENT_ERROR, "exited with status 4"),
+        ("sleep 30", Outcome.AGENT_ERROR, "closed its input"),
+    ],
+    ids=["exits", "fails", "stays"],
+)
+async def test_a_program_that_closes_its_input_ends_as_its_exit_says(
+    isolate: Isolation, after: str, outcome: Outcome, said: str | None
+) -> None:
+    """Whether the runtime writes the next turn before the program has gone or after, its
+    end is the same: a good exit finishes the run, a bad one or a program still running
+    that will not read is an error."""
+    if isolate == "sandbox" and find_bwrap() is None:
+        pytest.skip("bubblewrap is not installed")
+    agent = StdioAgent(STEP_THEN_CLOSE + after, isolate=isolate)
+    result = await run_scenario(SPEC, agent=agent, executor=NullExecutor())
+    assert result.outcome is outcome and result.steps == 1
+    assert result.reason is None if said is None else said in (result.reason or "")
+
+
 CHATTY_CRASH = (
     "read turn; i=0; while [ $i -lt 3000 ]; do "
     'echo "log line $i, padded ..................................................." >&2; '

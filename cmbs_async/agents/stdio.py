@@ -148,8 +148,12 @@ class StdioAgent(Closing):
         program = await self._started()
         try:
             await program.send(turn.model_dump_json().encode() + b"\n")
-        except OSError:
-            await self._failed("closed its input")
+        except OSError:  # it closed its input: an end, as a good exit unread is, or not
+            status = await program.exit_status(2)
+            if status is None:
+                await self._failed("closed its input")
+            if status != 0:
+                await self._failed(f"exited with status {status}")
         line = await self._read_line(program)
         if line is None:
             status = await program.exit_status(2)
