@@ -511,7 +511,8 @@ class Run:
 
     async def collect(self, stdout: OutputBuffer, stderr: OutputBuffer, grace: float) -> None:
         """Read both streams until the command has ended and they are drained (at most
-        ``grace`` seconds after the end: what holds a pipe then is not waited for)."""
+        ``grace`` seconds after the end: what holds a pipe then is not waited for, what
+        the pipes hold then is still taken)."""
         broken: SandboxBroken | None = None
 
         async def ended() -> bool:

@@ -148,7 +148,7 @@ class StdioAgent(Closing):
         program = await self._started()
         try:
             await program.send(turn.model_dump_json().encode() + b"\n")
-        except OSError:  # it closed its input: an end, as a good exit unread is, or not
+        except OSError:  # it closed its input: its exit says whether it meant to end
             status = await program.exit_status(2)
             if status is None:
                 await self._failed("closed its input")
