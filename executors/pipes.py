@@ -41,13 +41,8 @@ async def read_pipes(
         nonlocal left
         while True:
             await anyio.wait_readable(fd)
-            try:
-                chunk = os.read(fd, _CHUNK)
-            except BlockingIOError:
-                continue
-            if not chunk:
+            if read_held(fd, into):
                 break
-            into.feed(chunk)
         left -= 1
         if not left:
             closed.set()
@@ -65,15 +60,17 @@ async def read_pipes(
             read_held(fd, into)
 
 
-def read_held(fd: int, into: OutputBuffer) -> None:
-    """Feed ``into`` what the non-blocking pipe ``fd`` holds now, without waiting."""
+def read_held(fd: int, into: OutputBuffer) -> bool:
+    """Feed ``into`` what the non-blocking pipe ``fd`` holds now, without waiting; true
+    once its end of file is read."""
     taken = 0
     while taken < _HELD_AT_MOST:
         try:
             chunk = os.read(fd, _CHUNK)
         except BlockingIOError:
-            return
+            return False
         if not chunk:
-            return
+            return True
         into.feed(chunk)
         taken += len(chunk)
+    return False
